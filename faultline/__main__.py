@@ -1,0 +1,3 @@
+from faultline.cli import main
+import sys
+sys.exit(main())

@@ -1,0 +1,128 @@
+"""Infer node, rank, GPU and timestamp of each log line from what real logs carry.
+
+Pure Polars over a frame of lines; no Python loop over lines. What cannot be
+inferred stays null: a node is never guessed.
+
+Prefixes understood (they may be stacked, e.g. `0: [default0]:[rank0]:[E321 ...]`):
+  srun --label           `12: `                         -> rank (Slurm task id)
+  torchrun               `[rank3]:` / `[default3]:`     -> rank / local_rank
+  PyTorch c10d           `[Rank 3]`, `[PG 0 Rank 3]`    -> rank
+  NCCL                   `host:pid:tid [gpu] NCCL ...`  -> node, gpu
+  UCX                    `[host:pid:x:tid]`             -> node
+  kubectl --prefix       `[pod/name/container] `        -> node (the pod's hostname)
+  syslog / journal       `Jun  9 11:49:36 host kernel:` / `2024-06-09T11:49:36+0000 host kernel:`
+  dmesg -T               `[Sun Jun  9 11:49:36 2024]`
+  glog / c10             `[E321 02:07:08.408271257 ...]`, `I0510 07:28:04.417845 ...`
+  ISO / Python logging   `2023-07-26 09:59:13.215`, `2024-04-20T09:09:37Z`
+  epoch                  `[1718000000.123]`
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+MONTHS = {m: f"{i:02d}" for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
+
+_LABEL = r"^\s*(\d{1,6}): "
+_TORCHRUN_RANK = r"\[rank(\d{1,6})\]:"
+_TORCHRUN_LOCAL = r"\[(?:default|trainer|worker)(\d{1,4})\]:"
+_C10D_RANK = r"\[(?:PG [^\]]{0,80}?)?Rank (\d{1,6})\]"
+_NCCL = r"(?:^|[\s:\]])([A-Za-z0-9.\-_]*[A-Za-z0-9]):\d+:\d+ \[(\d{1,2})\] "
+_UCX = r"^\s*\[([A-Za-z0-9][A-Za-z0-9.\-]*):\d+:\d+:\d+\]"
+_KUBECTL = r"^\[pod/([a-z0-9][a-z0-9.\-]*)/[^\]]+\] "
+_SYSLOG = (r"^(?:<\d+>)?([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?) "
+           r"([A-Za-z0-9][A-Za-z0-9.\-]*) (?:kernel|[A-Za-z0-9_.\-/]+\[\d+\]):")
+_JOURNAL = (r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?)(Z|[+-]\d{2}:?\d{2})? "
+            r"([A-Za-z0-9][A-Za-z0-9.\-]*) (?:kernel|[A-Za-z0-9_.\-/]+\[\d+\]):")
+_DMESG_T = r"^\[(?:[A-Z][a-z]{2}) ([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d{2}:\d{2}:\d{2}) (\d{4})\]"
+_GLOG = r"(?:^|[\]:\s])\[?[EWIF](\d{1,2})(\d{2}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?) "
+_ISO = r"^.{0,48}?(\d{4}-\d{2}-\d{2})[T _](\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?)(Z|[+-]\d{2}:?\d{2})?"
+_EPOCH = r"^\[?(1[5-9]\d{8}(?:\.\d{1,9})?)\]?\s"
+
+TS_DTYPE = pl.Datetime("us", "UTC")
+
+
+def _clock(hms: pl.Expr) -> pl.Expr:
+    whole = hms.str.slice(0, 8)
+    frac = hms.str.extract(r"[.,](\d+)$").fill_null("").str.pad_end(6, "0").str.slice(0, 6)
+    return pl.concat_str([whole, pl.lit("."), frac])
+
+
+def _to_ts(date: pl.Expr, clock: pl.Expr, offset: pl.Expr | None = None) -> pl.Expr:
+    naive = pl.concat_str([date, pl.lit(" "), clock]).str.to_datetime(
+        "%Y-%m-%d %H:%M:%S%.f", time_unit="us", strict=False)
+    ts = naive.dt.replace_time_zone("UTC")
+    if offset is None:
+        return ts
+    # "+0200" / "+02:00": subtract the offset to get UTC; "Z" or none is UTC already.
+    sign = pl.when(offset.str.starts_with("-")).then(-1).otherwise(1)
+    digits = offset.str.replace_all(r"[^0-9]", "")
+    minutes = (digits.str.slice(0, 2).cast(pl.Int64, strict=False) * 60
+               + digits.str.slice(2, 2).cast(pl.Int64, strict=False)).fill_null(0)
+    return ts - pl.duration(minutes=minutes * sign)
+
+
+def parse_lines(lines: pl.DataFrame, *, year: int, file_node: str | None = None,
+                file_rank: int | None = None) -> pl.DataFrame:
+    """Add node, rank, local_rank, gpu and ts columns to a frame with a `line` column."""
+    line = pl.col("line")
+    yr = pl.lit(f"{year:04d}")
+    month = lambda e: e.replace_strict(MONTHS, default=None)  # noqa: E731
+    pad2 = lambda e: e.str.pad_start(2, "0")  # noqa: E731
+
+    syslog = line.str.extract_groups(_SYSLOG)
+    journal = line.str.extract_groups(_JOURNAL)
+    dmesg_t = line.str.extract_groups(_DMESG_T)
+    glog = line.str.extract_groups(_GLOG)
+    iso = line.str.extract_groups(_ISO)
+    nccl = line.str.extract_groups(_NCCL)
+
+    ts = pl.coalesce(
+        _to_ts(pl.concat_str([yr, pl.lit("-"), month(syslog.struct.field("1")), pl.lit("-"),
+                              pad2(syslog.struct.field("2"))]), _clock(syslog.struct.field("3"))),
+        _to_ts(journal.struct.field("1").str.slice(0, 10), _clock(journal.struct.field("1").str.slice(11)),
+               journal.struct.field("2")),
+        _to_ts(pl.concat_str([dmesg_t.struct.field("4"), pl.lit("-"), month(dmesg_t.struct.field("1")),
+                              pl.lit("-"), pad2(dmesg_t.struct.field("2"))]),
+               _clock(dmesg_t.struct.field("3"))),
+        _to_ts(pl.concat_str([yr, pl.lit("-"), pad2(glog.struct.field("1")), pl.lit("-"),
+                              glog.struct.field("2")]), _clock(glog.struct.field("3"))),
+        _to_ts(iso.struct.field("1"), _clock(iso.struct.field("2")), iso.struct.field("3")),
+        pl.from_epoch((line.str.extract(_EPOCH).cast(pl.Float64, strict=False) * 1e6).cast(pl.Int64),
+                      time_unit="us").dt.replace_time_zone("UTC"),
+    )
+    node = pl.coalesce(
+        syslog.struct.field("4"),
+        journal.struct.field("3"),
+        line.str.extract(_UCX),
+        line.str.extract(_KUBECTL),
+        nccl.struct.field("1"),
+        pl.lit(file_node, dtype=pl.String),
+    )
+    rank = pl.coalesce(
+        line.str.extract(_TORCHRUN_RANK),
+        line.str.extract(_C10D_RANK),
+        line.str.extract(_LABEL),
+        pl.lit(None if file_rank is None else str(file_rank), dtype=pl.String),
+    ).cast(pl.Int32, strict=False)
+    return lines.with_columns(
+        node=node,
+        rank=rank,
+        local_rank=line.str.extract(_TORCHRUN_LOCAL).cast(pl.Int32, strict=False),
+        gpu=nccl.struct.field("2").cast(pl.Int32, strict=False),
+        ts=ts.cast(TS_DTYPE),
+    )
+
+
+def year_hint(lines: pl.Series) -> int | None:
+    """The most common four-digit year in full timestamps of these lines, if any."""
+    years = pl.concat([
+        lines.str.extract(_ISO, 1).str.slice(0, 4),
+        lines.str.extract(_DMESG_T, 4),
+    ]).drop_nulls().cast(pl.Int32, strict=False).drop_nulls()
+    years = years.filter((years >= 1990) & (years <= 2200))
+    if years.len() == 0:
+        return None
+    counts = years.value_counts(sort=True)
+    return int(counts[0, 0])

@@ -1,0 +1,293 @@
+"""Load rule packs from YAML, validate them and report every problem at once.
+
+A pack is a folder `packs/<pack>/` of YAML files, each holding `rules: [...]`.
+Problems are collected with file and line so an operator can fix them in one pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import yaml
+
+from faultline import taxonomy
+from faultline.rules.model import Emits, JobMatch, LogMatch, Lookup, Rule, RuleTest, Ruleset
+
+BUILTIN_PACKS = Path(__file__).parent / "packs"
+_GROUP_NAME = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
+_TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Captures the engine gives meaning to; any other name is kept as plain evidence.
+LINE_FIELDS = ("node", "rank", "local_rank", "gpu")
+_EMIT_FIELDS = ("symptom", "role", "domain", "implicates", "outcome", "summary", "peer", "address")
+_LOOKUP_FIELDS = _EMIT_FIELDS + ("action", "priority", "title")
+
+
+@dataclass
+class Problem:
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+class RulesetError(Exception):
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that remembers the line of each mapping as `__line__`."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    mapping["__line__"] = node.start_mark.line + 1
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def regex_problem(regex: str) -> str | None:
+    """Compile with the engine's own regex (Rust, via Polars) and say what is wrong, if anything."""
+    try:
+        pl.Series([""], dtype=pl.String).str.contains(regex)
+    except Exception as exc:  # polars raises ComputeError with the Rust message
+        return str(exc).splitlines()[0][:300]
+    return None
+
+
+def _as_tuple(value) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    return (value,)
+
+
+class _Builder:
+    def __init__(self):
+        self.problems: list[Problem] = []
+
+    def bad(self, where: str, message: str) -> None:
+        self.problems.append(Problem(where, message))
+
+    def rule(self, raw: dict, pack: str, path: Path) -> Rule | None:
+        where = f"{path}:{raw.get('__line__', '?')}"
+        rid = raw.get("id")
+        if not isinstance(rid, str) or not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+", rid or ""):
+            self.bad(where, f"id {rid!r} must be dotted lowercase, e.g. 'nccl.watchdog_timeout'")
+            rid = str(rid)
+        where = f"{where} ({rid})"
+        for key in ("title", "description"):
+            if not isinstance(raw.get(key), str) or not raw[key].strip():
+                self.bad(where, f"'{key}' is required")
+        status = raw.get("status", "experimental")
+        if status not in taxonomy.STATUSES:
+            self.bad(where, f"status {status!r} not in {taxonomy.STATUSES}")
+        known = {"id", "title", "status", "description", "references", "match", "emits", "priority",
+                 "supersedes", "action", "lookup", "tests", "__line__"}
+        for key in raw:
+            if key not in known:
+                self.bad(where, f"unknown key {key!r}")
+
+        match = raw.get("match") or {}
+        log = self._log_match(match.get("log"), where) if "log" in match else None
+        job = self._job_match(match.get("job"), where) if "job" in match else None
+        if log is None and job is None:
+            self.bad(where, "'match' needs 'log' or 'job'")
+        captures = log.captures if log else ()
+
+        lookup = self._lookup(raw.get("lookup"), captures, path, where) if raw.get("lookup") else None
+        emits = self._emits(raw.get("emits") or {}, captures, where)
+        action = raw.get("action", "") or ""
+        if action and action not in taxonomy.ACTIONS:
+            self.bad(where, f"action {action!r} not in {taxonomy.ACTIONS}")
+        priority = raw.get("priority", 50)
+        if not isinstance(priority, int) or not 0 <= priority <= 100:
+            self.bad(where, "priority must be an integer 0..100")
+            priority = 50
+
+        tests = raw.get("tests") or {}
+        t_match = tuple(self._test(t, where) for t in tests.get("match") or ())
+        t_no = tuple(self._test(t, where) for t in tests.get("no_match") or ())
+        if not t_match:
+            self.bad(where, "rule has no tests: add tests.match (and tests.no_match) lines")
+        if log is not None:
+            for t in t_match:
+                if not any(lit in t.line.lower() for lit in log.literals):
+                    self.bad(t.where, f"no literal of {list(log.literals)} occurs in test line {t.line[:80]!r}")
+        return Rule(
+            id=rid, title=str(raw.get("title", "")).strip(), status=status,
+            description=" ".join(str(raw.get("description", "")).split()),
+            pack=pack, path=str(path), emits=emits, log=log, job=job,
+            references=tuple(str(r) for r in _as_tuple(raw.get("references"))),
+            priority=priority, supersedes=tuple(str(s) for s in _as_tuple(raw.get("supersedes"))),
+            action=action, lookup=lookup, tests_match=t_match, tests_no_match=t_no,
+        )
+
+    def _log_match(self, raw, where) -> LogMatch | None:
+        if not isinstance(raw, dict):
+            self.bad(where, "match.log must be a mapping with 'literals' and 'regex'")
+            return None
+        literals = tuple(str(x).lower() for x in _as_tuple(raw.get("literals")))
+        if not literals or any(len(x) < 3 for x in literals):
+            self.bad(where, "match.log.literals: give one or more literals of 3+ characters (case-insensitive prefilter)")
+        regex = raw.get("regex")
+        if not isinstance(regex, str) or not regex:
+            self.bad(where, "match.log.regex is required")
+            return None
+        problem = regex_problem(regex)
+        if problem:
+            self.bad(where, f"match.log.regex does not compile: {problem}")
+        sources = tuple(_as_tuple(raw.get("sources")))
+        for s in sources:
+            if s not in taxonomy.SOURCES:
+                self.bad(where, f"source {s!r} not in {taxonomy.SOURCES}")
+        names = tuple(_GROUP_NAME.findall(regex))
+        if len(set(names)) != len(names):
+            self.bad(where, "match.log.regex repeats a capture name")
+        return LogMatch(literals=literals, regex=regex, sources=sources, captures=names)
+
+    def _job_match(self, raw, where) -> JobMatch | None:
+        if not isinstance(raw, dict):
+            self.bad(where, "match.job must be a mapping")
+            return None
+        states = tuple(str(s) for s in _as_tuple(raw.get("states")))
+        for s in states:
+            if s not in taxonomy.JOB_STATES:
+                self.bad(where, f"job state {s!r} not in {taxonomy.JOB_STATES}")
+        return JobMatch(states=states,
+                        exit_codes=tuple(int(x) for x in _as_tuple(raw.get("exit_codes"))),
+                        signals=tuple(int(x) for x in _as_tuple(raw.get("signals"))))
+
+    def _emits(self, raw: dict, captures: tuple[str, ...], where: str) -> Emits:
+        values = {k: str(raw.get(k, "") or "") for k in _EMIT_FIELDS}
+        values["summary"] = " ".join(values["summary"].split())
+        checks = (("role", taxonomy.ROLES), ("domain", taxonomy.DOMAINS),
+                  ("implicates", taxonomy.IMPLICATES), ("outcome", tuple(taxonomy.OUTCOMES)))
+        for key, allowed in checks:
+            if values[key] not in allowed:
+                self.bad(where, f"emits.{key} {values[key]!r} not in {allowed}")
+        if not re.fullmatch(r"[a-z0-9_]+", values["symptom"]):
+            self.bad(where, "emits.symptom must be snake_case")
+        if values["implicates"] == "peer" and values["peer"] not in captures:
+            self.bad(where, "emits.implicates=peer needs emits.peer naming a capture of the regex")
+        if values["address"] and values["address"] not in captures:
+            self.bad(where, f"emits.address {values['address']!r} is not a capture of the regex")
+        for name in _TEMPLATE_FIELD.findall(values["summary"]):
+            if name not in captures and name not in ("node", "rank", "gpu"):
+                self.bad(where, f"emits.summary uses {{{name}}}, which is not a capture")
+        for key in raw:
+            if key not in _EMIT_FIELDS and key != "__line__":
+                self.bad(where, f"unknown key emits.{key}")
+        return Emits(**values)
+
+    def _lookup(self, raw, captures, path: Path, where) -> Lookup | None:
+        if not isinstance(raw, dict) or raw.get("capture") not in captures:
+            self.bad(where, "lookup needs 'capture' (a capture of the regex) and 'table' (a CSV beside the file)")
+            return None
+        table = path.parent / str(raw.get("table", ""))
+        if not table.is_file():
+            self.bad(where, f"lookup table {table} not found")
+            return None
+        with table.open(newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+        if not rows or "key" not in rows[0]:
+            self.bad(f"{table}:1", "lookup table needs a 'key' column")
+            return None
+        for n, row in enumerate(rows, start=2):
+            for col, allowed in (("role", taxonomy.ROLES), ("domain", taxonomy.DOMAINS),
+                                 ("implicates", taxonomy.IMPLICATES), ("outcome", tuple(taxonomy.OUTCOMES)),
+                                 ("action", taxonomy.ACTIONS)):
+                if row.get(col) and row[col] not in allowed:
+                    self.bad(f"{table}:{n}", f"{col} {row[col]!r} not in {allowed}")
+        unknown = set(rows[0]) - set(_LOOKUP_FIELDS) - {"key"}
+        if unknown:
+            self.bad(f"{table}:1", f"unknown columns {sorted(unknown)}")
+        return Lookup(capture=raw["capture"], table=table.name,
+                      rows=tuple({k: v for k, v in r.items() if v not in (None, "")} for r in rows))
+
+    def _test(self, raw, where) -> RuleTest:
+        if isinstance(raw, str):
+            return RuleTest(line=raw, where=where)
+        if not isinstance(raw, dict) or not isinstance(raw.get("line"), str):
+            self.bad(where, f"test {raw!r} must be a line or a mapping with 'line'")
+            return RuleTest(line="", where=where)
+        here = f"{where.split(':')[0]}:{raw.get('__line__', '?')}"
+        expect = {k: v for k, v in raw.items() if k not in ("line", "source", "__line__")}
+        return RuleTest(line=raw["line"], expect=expect, source=raw.get("source", "applog"), where=here)
+
+
+def pack_files(pack_dirs: list[Path]) -> list[tuple[str, Path]]:
+    files = []
+    for d in pack_dirs:
+        for f in sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")):
+            files.append((d.name, f))
+    return files
+
+
+def discover_packs(extra: list[Path] | None = None, builtin: bool = True) -> list[Path]:
+    """Built-in packs plus operator packs; a folder with YAML files is a pack, a folder of such folders a set."""
+    dirs: list[Path] = []
+    if builtin:
+        dirs += sorted(p for p in BUILTIN_PACKS.iterdir() if p.is_dir())
+    for root in extra or []:
+        root = Path(root)
+        if any(root.glob("*.y*ml")):
+            dirs.append(root)
+        else:
+            dirs += sorted(p for p in root.iterdir() if p.is_dir() and any(p.glob("*.y*ml")))
+    return dirs
+
+
+def load_ruleset(extra: list[Path] | None = None, builtin: bool = True) -> Ruleset:
+    """Load and validate packs. Operator rules with an existing id override the built-in one."""
+    builder = _Builder()
+    dirs = discover_packs(extra, builtin)
+    files = pack_files(dirs)
+    digest = hashlib.sha256()
+    rules: dict[str, Rule] = {}
+    seen: dict[tuple[str, str], str] = {}
+    for pack, path in files:
+        data = path.read_bytes()
+        digest.update(pack.encode() + b"\0" + path.name.encode() + b"\0" + data)
+        try:
+            doc = yaml.load(data.decode("utf-8"), Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            builder.bad(str(path), f"not valid YAML: {exc}")
+            continue
+        if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
+            builder.bad(str(path), "a pack file holds a mapping with a 'rules' list")
+            continue
+        for raw in doc["rules"]:
+            if not isinstance(raw, dict):
+                builder.bad(str(path), f"rule entry {raw!r} is not a mapping")
+                continue
+            rule = builder.rule(raw, pack, path)
+            if rule is None:
+                continue
+            origin = "builtin" if path.is_relative_to(BUILTIN_PACKS) else "operator"
+            if (rule.id, origin) in seen:
+                builder.bad(f"{path}:{raw.get('__line__')}", f"duplicate rule id {rule.id} (also in {seen[rule.id, origin]})")
+            seen[rule.id, origin] = str(path)
+            rules[rule.id] = rule  # operator packs load last and override built-in ids
+    for d in dirs:
+        for table in sorted(d.glob("*.csv")):
+            digest.update(d.name.encode() + b"\0" + table.name.encode() + b"\0" + table.read_bytes())
+    known = set(rules) | {r.emits.symptom for r in rules.values()}
+    for r in rules.values():
+        for target in r.supersedes:
+            if target not in known:
+                builder.bad(r.path, f"{r.id}: supersedes unknown rule or symptom {target!r}")
+    if builder.problems:
+        raise RulesetError(builder.problems)
+    ordered = tuple(sorted(rules.values(), key=lambda r: r.id))
+    return Ruleset(rules=ordered, packs=tuple(d.name for d in dirs), version=digest.hexdigest()[:16])

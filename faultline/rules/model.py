@@ -1,0 +1,91 @@
+"""Typed, immutable form of a rule pack after loading and validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LogMatch:
+    """Match log lines: any of `literals` (case-insensitive prefilter), then `regex`."""
+
+    literals: tuple[str, ...]
+    regex: str
+    sources: tuple[str, ...] = ()  # empty: any source
+    captures: tuple[str, ...] = ()  # named groups of `regex`, in order
+
+
+@dataclass(frozen=True)
+class JobMatch:
+    """Match scheduler state of a job attempt (any listed value of each given field)."""
+
+    states: tuple[str, ...] = ()
+    exit_codes: tuple[int, ...] = ()
+    signals: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Emits:
+    symptom: str
+    role: str
+    domain: str
+    implicates: str
+    outcome: str
+    summary: str = ""  # root-cause sentence template; {name} are captures
+    peer: str = ""  # capture naming the implicated peer (address or host) when implicates=peer
+    address: str = ""  # capture holding an address that belongs to the line's node (address map)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Per-capture-value overrides of `emits` (e.g. Xid code -> outcome, role, action)."""
+
+    capture: str
+    table: str  # CSV file beside the rule file
+    rows: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuleTest:
+    line: str
+    expect: dict = field(default_factory=dict)  # captures and fields the match must carry
+    source: str = "applog"
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    status: str
+    description: str
+    pack: str
+    path: str
+    emits: Emits
+    log: LogMatch | None = None
+    job: JobMatch | None = None
+    references: tuple[str, ...] = ()
+    priority: int = 50
+    supersedes: tuple[str, ...] = ()
+    action: str = ""
+    lookup: Lookup | None = None
+    tests_match: tuple[RuleTest, ...] = ()
+    tests_no_match: tuple[RuleTest, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    rules: tuple[Rule, ...]
+    packs: tuple[str, ...]
+    version: str  # content hash of every pack file
+
+    def by_id(self) -> dict[str, Rule]:
+        return {r.id: r for r in self.rules}
+
+    @property
+    def log_rules(self) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if r.log is not None and r.status != "deprecated")
+
+    @property
+    def job_rules(self) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if r.job is not None and r.status != "deprecated")
