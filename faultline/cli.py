@@ -14,7 +14,8 @@ def _ruleset(args):
     from faultline.rules.loader import RulesetError, load_ruleset
 
     try:
-        return load_ruleset([Path(p) for p in getattr(args, "rules", None) or []])
+        return load_ruleset([Path(p) for p in getattr(args, "rules", None) or []],
+                            builtin=not getattr(args, "no_builtin", False))
     except RulesetError as exc:
         print(f"faultline: the rule packs have {len(exc.problems)} problem(s):", file=sys.stderr)
         for p in exc.problems:
@@ -51,13 +52,65 @@ def cmd_rules(args) -> int:
     return 1 if failures else 0
 
 
+def cmd_diagnose(args) -> int:
+    from faultline.pipeline import diagnose_files
+    from faultline.render import render
+
+    ruleset = _ruleset(args)
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing and len(missing) == len(args.paths):
+        print(f"faultline: no such file or folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    d = diagnose_files(args.paths, ruleset, job_id=args.job_id or Path(args.paths[0]).name,
+                       cluster=args.cluster, state=args.state)
+    if args.format == "json":
+        print(json.dumps(d, sort_keys=False, default=str))
+    else:
+        print(render(d, color=sys.stdout.isatty()))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from dataclasses import asdict
+
+    from faultline.evaluate import confusion_table, evaluate, summarize
+
+    ruleset = _ruleset(args)
+    results = evaluate(Path(args.dir), ruleset)
+    if not results:
+        print(f"faultline: no case folders with truth.yaml under {args.dir}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps({"cases": [asdict(r) for r in results], "confusion": confusion_table(results)}))
+    else:
+        print(summarize(results))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultline", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
 
+    diag = sub.add_parser("diagnose", help="diagnose one job from its log files and folders")
+    diag.add_argument("paths", nargs="+", help="files (plain, .gz, .bz2, .xz) and folders of one job")
+    diag.add_argument("--format", choices=["human", "json"], default="human")
+    diag.add_argument("--job-id", help="job id to report (default: the first path's name)")
+    diag.add_argument("--cluster", default="local")
+    diag.add_argument("--state", default="UNKNOWN", choices=list(taxonomy.JOB_STATES),
+                      help="the scheduler's state of the job, if known")
+    diag.add_argument("--rules", action="append", help="extra rule pack folder (repeatable)")
+    diag.set_defaults(func=cmd_diagnose)
+
+    ev = sub.add_parser("eval", help="score verdicts against case folders holding truth.yaml")
+    ev.add_argument("dir")
+    ev.add_argument("--format", choices=["human", "json"], default="human")
+    ev.add_argument("--rules", action="append", help="extra rule pack folder (repeatable)")
+    ev.set_defaults(func=cmd_eval)
+
     rules = sub.add_parser("rules", help="list, test and lint the rule packs")
     rules.add_argument("rules_cmd", choices=["list", "test", "lint"])
     rules.add_argument("--rules", action="append", help="extra rule pack folder (repeatable)")
+    rules.add_argument("--no-builtin", action="store_true", help="load only the --rules packs")
     rules.add_argument("--pack", help="list: only this pack")
     rules.add_argument("--only", help="test: only rules whose id starts with this")
     rules.set_defaults(func=cmd_rules)

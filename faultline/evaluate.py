@@ -1,0 +1,117 @@
+"""`faultline eval DIR`: verdicts against labelled cases (folders holding truth.yaml + logs).
+
+Scores: outcome accuracy; culprit accuracy over cases whose truth names a culprit;
+wrong blames (a confident culprit that is not the true one, a culprit on a healthy
+job, or a node taken out of service where the truth blames no node); a confusion table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from faultline.pipeline import diagnose_files
+from faultline.rules.model import Ruleset
+from faultline.taxonomy import NODE_ACTIONS
+
+TRUTH = "truth.yaml"
+
+
+@dataclass
+class CaseResult:
+    case: str
+    truth_outcome: str
+    outcome: str
+    ambiguous: bool
+    confidence: str
+    truth_culprit: str | None
+    culprit: dict
+    culprit_right: bool | None  # None: the truth names no culprit
+    wrong_blame: bool
+    action: str
+
+    @property
+    def outcome_right(self) -> bool:
+        return self.outcome == self.truth_outcome
+
+
+def culprit_matches(truth: str, culprit: dict) -> bool:
+    """Does the predicted culprit appear in the truth's culprit text (node name, rank, local rank, GPU)?"""
+    text = truth.lower()
+    for node in culprit.get("nodes") or []:
+        n = node.lower().strip(".")
+        if n and (n in text or n.split(".")[0] in text):
+            return True
+    ranks = {int(x) for x in re.findall(r"\brank\s*:?\s*(\d+)", text)}
+    ranks |= {int(x) for x in re.findall(r"\blocal[ _]rank\s*(\d+)", text)}
+    if ranks & set(culprit.get("ranks") or []):
+        return True
+    gpus = {int(x) for x in re.findall(r"\bgpu\s*(\d+)", text)}
+    return bool(gpus & set(culprit.get("gpus") or []) and not culprit.get("nodes"))
+
+
+def score_case(case: str, truth: dict, d: dict) -> CaseResult:
+    t_out = truth.get("outcome_category") or truth.get("outcome")
+    t_cul = truth.get("culprit")
+    cul = d["culprit"]
+    blamed = bool(cul["nodes"] or cul["ranks"] or cul["gpus"])
+    confident = d["confidence"] in ("high", "medium")
+    right = None if not t_cul else (blamed and culprit_matches(str(t_cul), cul))
+    takes_node = d["recommended_action"]["action"] in NODE_ACTIONS
+    wrong = blamed and (
+        t_out == "healthy"
+        or (bool(t_cul) and not right and confident)
+        or (not t_cul and takes_node))
+    return CaseResult(case, t_out, d["outcome"], d["ambiguous"], d["confidence"], t_cul, cul,
+                      right, wrong, d["recommended_action"]["action"])
+
+
+def case_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in Path(root).rglob(TRUTH))
+
+
+def evaluate(root: Path, ruleset: Ruleset) -> list[CaseResult]:
+    results = []
+    for case in case_dirs(root):
+        truth = yaml.safe_load((case / TRUTH).read_text(encoding="utf-8")) or {}
+        logs = sorted(p for p in case.iterdir() if p.is_file() and p.name != TRUTH and not p.name.startswith("."))
+        d = diagnose_files(logs, ruleset, job_id=case.name, cluster="eval", state=truth.get("state", "UNKNOWN"))
+        results.append(score_case(case.name, truth, d))
+    return results
+
+
+def summarize(results: list[CaseResult]) -> str:
+    lines = [f"{'case':10} {'truth':28} {'verdict':28} {'conf':6} {'culprit':24} ok"]
+    for r in results:
+        cul = ",".join(r.culprit["nodes"]) or ",".join(f"r{x}" for x in r.culprit["ranks"]) or "-"
+        mark = ("✓" if r.outcome_right else "✗") + ("" if r.culprit_right is None else (" c✓" if r.culprit_right else " c✗"))
+        mark += " WRONG-BLAME" if r.wrong_blame else ""
+        verdict = r.outcome + ("?" if r.ambiguous else "")
+        lines.append(f"{r.case:10} {r.truth_outcome:28} {verdict:28} {r.confidence:6} {cul[:24]:24} {mark}")
+    n = len(results)
+    right = sum(r.outcome_right for r in results)
+    with_cul = [r for r in results if r.culprit_right is not None]
+    cul_right = sum(bool(r.culprit_right) for r in with_cul)
+    wrong = sum(r.wrong_blame for r in results)
+    lines.append("")
+    lines.append(f"outcome accuracy: {right}/{n}" + (f" ({100 * right / n:.1f}%)" if n else ""))
+    lines.append(f"culprit accuracy: {cul_right}/{len(with_cul)} (cases whose truth names a culprit)")
+    lines.append(f"wrong blames: {wrong}")
+    conf = Counter((r.truth_outcome, r.outcome) for r in results if not r.outcome_right)
+    if conf:
+        lines.append("confusions (truth -> verdict):")
+        for (t, v), k in sorted(conf.items()):
+            lines.append(f"  {t} -> {v}: {k}")
+    return "\n".join(lines)
+
+
+def confusion_table(results: list[CaseResult]) -> dict[str, dict[str, int]]:
+    table: dict[str, dict[str, int]] = {}
+    for r in results:
+        table.setdefault(r.truth_outcome, {}).setdefault(r.outcome, 0)
+        table[r.truth_outcome][r.outcome] += 1
+    return table

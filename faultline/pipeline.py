@@ -1,0 +1,142 @@
+"""The engine end to end: evidence tables of many jobs in, one diagnosis per job out.
+
+A single job from files is a fleet of one through the same phases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+
+from faultline.collectors import files as filecol
+from faultline.logparse import TS_DTYPE, parse_lines, year_hint
+from faultline.rules.decide import DecideConfig, candidates, decide
+from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_jobs, extract_logs, prefilter_literals
+from faultline.rules.model import Ruleset
+from faultline.rules.refine import filter_symptoms, refine
+from faultline.rules.report import ReportConfig, build_diagnoses
+from faultline.taxonomy import SOURCES
+
+STATS_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "node": pl.String,
+                "rank": pl.Int32, "lines": pl.Int64, "first_ts": TS_DTYPE, "last_ts": TS_DTYPE}
+COVERAGE_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "source": pl.String,
+                   "status": pl.String, "rows": pl.Int64, "reason": pl.String}
+JOBS_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "state": pl.String,
+               "exit_code": pl.Int32, "signal": pl.Int32, "start_time": TS_DTYPE, "end_time": TS_DTYPE}
+
+
+@dataclass
+class Evidence:
+    """What the phases need, for any number of jobs."""
+
+    jobs: pl.DataFrame
+    symptoms: pl.DataFrame
+    stats: pl.DataFrame
+    coverage: pl.DataFrame
+    files: list[filecol.FileReport] = field(default_factory=list)
+
+
+def line_stats(lines: pl.DataFrame) -> pl.DataFrame:
+    """Lines per job x node x rank with first and last timestamps (who spoke, and until when)."""
+    return lines.group_by([*KEY, "node", "rank"]).agg(
+        lines=pl.len().cast(pl.Int64), first_ts=pl.col("ts").min(), last_ts=pl.col("ts").max())
+
+
+def run_phases(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = DecideConfig(),
+               report_cfg: ReportConfig = ReportConfig(), diagnosed_at: str | None = None) -> list[dict]:
+    logs = ev.symptoms if "ts_exact" in ev.symptoms.columns else ev.symptoms.with_columns(ts_exact=pl.col("ts"))
+    scheduler = extract_jobs(ev.jobs, ruleset).with_columns(ts_exact=pl.col("ts"))
+    symptoms = pl.concat([logs.select(scheduler.columns), scheduler], how="vertical")
+    symptoms = filter_symptoms(symptoms, ev.jobs)
+    refined = refine(symptoms, ruleset)
+    verdict = decide(refined, ev.stats, ev.jobs, decide_cfg)
+    active = refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context"))
+    cand = candidates(active, decide_cfg)
+    meta = {"version": ruleset.version, "packs": list(ruleset.packs)}
+    return build_diagnoses(verdict, refined, cand, ev.stats, ev.coverage, meta, report_cfg, diagnosed_at)
+
+
+def _job_year(paths: list[Path]) -> int:
+    for p in paths:
+        y = year_hint(filecol.sample_text(p))
+        if y:
+            return y
+    # No full timestamp anywhere: the newest file's modification year is the best honest guess.
+    mtimes = [p.stat().st_mtime for p in paths if p.exists()]
+    return datetime.fromtimestamp(max(mtimes) if mtimes else 0, timezone.utc).year
+
+
+def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job", cluster: str = "local",
+                  attempt: int = 0, state: str = "UNKNOWN", block_bytes: int = filecol.BLOCK_BYTES,
+                  max_line: int = filecol.MAX_LINE) -> Evidence:
+    """Stream the files of one job through parse + extract; keep only symptoms and per-rank stats."""
+    files, reports = filecol.expand(paths)
+    year = _job_year(files)
+    literals = prefilter_literals(ruleset)
+    key = {"cluster": cluster, "job_id": job_id, "attempt": attempt}
+    symptom_parts, stat_parts = [], []
+    for path in files:
+        source, node, rank = filecol.hints(path)
+        rep = filecol.FileReport(str(path), source, node, rank)
+        reports.append(rep)
+        seq0, last_ts = 0, None
+        try:
+            for block in filecol.read_blocks(path, rep, block_bytes, max_line):
+                n = block.height
+                lines = parse_lines(block, year=year, file_node=node, file_rank=rank).with_columns(
+                    cluster=pl.lit(cluster), job_id=pl.lit(job_id), attempt=pl.lit(attempt, pl.Int32),
+                    source=pl.lit(source), file=pl.lit(str(path)),
+                    seq=pl.int_range(seq0, seq0 + n, dtype=pl.Int64))
+                # Order evidence by the times the lines carry; a line without one borrows the
+                # previous line's time for display only (ts), never for ordering (ts_exact).
+                lines = lines.with_columns(ts_exact=pl.col("ts"))
+                lines = lines.with_columns(ts=pl.col("ts").forward_fill().fill_null(pl.lit(last_ts, TS_DTYPE)))
+                if lines.height:
+                    last_ts = lines["ts"][-1]
+                seq0 += n
+                rep.lines += n
+                stat_parts.append(line_stats(lines))
+                sym = extract_logs(lines.select(list(LOG_SCHEMA)), ruleset, literals)
+                if sym.height:
+                    exact = lines.select("seq", "ts_exact")
+                    symptom_parts.append(sym.join(exact, on="seq", how="left"))
+        except (OSError, EOFError, ValueError) as exc:  # unreadable, corrupt archive, ...
+            rep.status, rep.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
+        if rep.status == "ok" and rep.lines == 0:
+            rep.status, rep.reason = "empty", "file has no lines"
+    sym_schema = {**SYMPTOM_SCHEMA, "ts_exact": TS_DTYPE}
+    symptoms = pl.concat(symptom_parts, how="vertical") if symptom_parts else pl.DataFrame(schema=sym_schema)
+    stats = (pl.concat(stat_parts).group_by([*KEY, "node", "rank"]).agg(
+        pl.col("lines").sum(), pl.col("first_ts").min(), pl.col("last_ts").max())
+        if stat_parts else pl.DataFrame(schema=STATS_SCHEMA))
+    jobs = pl.DataFrame([{**key, "state": state, "exit_code": None, "signal": None,
+                          "start_time": None, "end_time": None}], schema=JOBS_SCHEMA)
+    return Evidence(jobs=jobs, symptoms=symptoms, stats=stats.cast(STATS_SCHEMA),
+                    coverage=file_coverage(reports, key), files=reports)
+
+
+def file_coverage(reports: list[filecol.FileReport], key: dict) -> pl.DataFrame:
+    """One coverage row per source: ok if any file of it had lines; files with problems are named."""
+    rows = []
+    for source in SOURCES:
+        mine = [r for r in reports if r.source == source]
+        if not mine:
+            rows.append({**key, "source": source, "status": "not_configured", "rows": 0, "reason": "no file of this kind given"})
+            continue
+        lines = sum(r.lines for r in mine)
+        notes = [f"{Path(r.path).name}: {r.status}" + (f" ({r.note()})" if r.note() else "")
+                 for r in mine if r.status != "ok" or r.note()]
+        status = "ok" if lines else ("error" if any(r.status == "error" for r in mine) else "empty")
+        rows.append({**key, "source": source, "status": status, "rows": lines, "reason": "; ".join(notes)[:1000]})
+    return pl.DataFrame(rows, schema=COVERAGE_SCHEMA)
+
+
+def diagnose_files(paths: list[str | Path], ruleset: Ruleset, **kw) -> dict:
+    decide_cfg = kw.pop("decide_cfg", DecideConfig())
+    report_cfg = kw.pop("report_cfg", ReportConfig())
+    diagnosed_at = kw.pop("diagnosed_at", None)
+    ev = collect_files(paths, ruleset, **kw)
+    return run_phases(ev, ruleset, decide_cfg, report_cfg, diagnosed_at)[0]

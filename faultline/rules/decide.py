@@ -1,0 +1,203 @@
+"""Phase 4, decide: outcome, culprit, affected, ambiguity and confidence for every job at once.
+
+Per job, only the strongest tier present decides (root, then confirmation, cascade,
+teardown; context never). Within it, candidate causes are the outcomes seen; the
+earliest wins (timestamps within `skew_s` count as simultaneous); causes that are
+simultaneous or cannot be ordered compete on rule priority, and when the best two are
+within `band` of each other the verdict is ambiguous rather than a guess.
+When only collective timeouts are seen, the culprit is inferred from who did *not*
+report (the one silent rank) or who lags (the lowest last completed work).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from faultline.rules.extract import KEY
+
+
+@dataclass(frozen=True)
+class DecideConfig:
+    skew_s: float = 10.0  # clock-skew tolerance across nodes
+    band: int = 10  # priorities this close cannot break a tie between causes
+    hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait")
+
+
+def _cap(name: str) -> pl.Expr:
+    return pl.col("captures").str.json_path_match(f"$.{name}")
+
+
+def candidates(active: pl.DataFrame, cfg: DecideConfig) -> pl.DataFrame:
+    """One row per job x outcome of the deciding tier, ranked; `rank_in_job` 1 is the winner."""
+    tol = pl.duration(microseconds=int(cfg.skew_s * 1e6))
+    deciding = active.filter(pl.col("tier") == pl.col("tier").min().over(KEY))
+    # The row that speaks for each outcome: highest priority, then earliest.
+    ordered = deciding.sort([*KEY, "outcome", "priority", "ts_exact", "file", "seq"],
+                            descending=[False] * 4 + [True, False, False, False], nulls_last=True)
+    cand = ordered.group_by([*KEY, "outcome"], maintain_order=True).agg(
+        t=pl.col("ts_exact").min(),
+        p=pl.col("priority").max(),
+        n=pl.len(),
+        rule_id=pl.col("rule_id").first(),
+        role=pl.col("role").first(),
+        domain=pl.col("domain").first(),
+        action=pl.col("action").first(),
+        nodes=pl.col("target_node").drop_nulls().unique().sort(),
+    )
+    cand = cand.with_columns(t_min=pl.col("t").min().over(KEY))
+    cand = cand.with_columns(
+        contender=pl.col("t").is_null() | pl.col("t_min").is_null() | (pl.col("t") <= pl.col("t_min") + tol))
+    cand = cand.with_columns(best_p=pl.col("p").filter(pl.col("contender")).max().over(KEY))
+    # Winner: a contender of the best priority, earliest, then by name (deterministic).
+    cand = cand.sort([*KEY, "contender", "p", "t", "outcome"],
+                     descending=[False, False, False, True, True, False, False], nulls_last=True)
+    cand = cand.with_columns(rank_in_job=pl.int_range(1, pl.len() + 1).over(KEY))
+    cand = cand.with_columns(
+        close=pl.col("contender") & (pl.col("p") >= pl.col("best_p") - cfg.band) & (pl.col("rank_in_job") > 1))
+    return cand.with_columns(ambiguous=pl.col("close").any().over(KEY))
+
+
+def culprits(active: pl.DataFrame, winners: pl.DataFrame, cfg: DecideConfig) -> pl.DataFrame:
+    """Culprit nodes/ranks/GPUs of each winning outcome: the targets whose first evidence is
+    within the skew tolerance of the outcome's first evidence."""
+    tol = pl.duration(microseconds=int(cfg.skew_s * 1e6))
+    rows = active.join(winners.select(*KEY, "outcome", t_win="t"), on=[*KEY, "outcome"])
+    rows = rows.filter(pl.col("tier") == pl.col("tier").min().over(KEY))
+    blamed = rows.filter(pl.col("target_node").is_not_null() | pl.col("target_rank").is_not_null())
+    first = blamed.group_by([*KEY, "target_node", "target_rank", "target_gpu"]).agg(
+        t=pl.col("ts_exact").min(), unresolved=pl.col("peer_unresolved").any())
+    first = first.join(winners.select(*KEY, t_win="t"), on=KEY).filter(
+        pl.col("t").is_null() | pl.col("t_win").is_null() | (pl.col("t") <= pl.col("t_win") + tol))
+    return first.group_by(KEY).agg(
+        culprit_nodes=pl.col("target_node").drop_nulls().unique().sort(),
+        culprit_ranks=pl.col("target_rank").drop_nulls().unique().sort(),
+        culprit_gpus=pl.col("target_gpu").drop_nulls().unique().sort(),
+        peer_unresolved=pl.col("unresolved").any(),
+    )
+
+
+def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> pl.DataFrame:
+    """Per job: the ranks that did not report a collective timeout while the others did, and
+    the ranks whose last completed work lags. Columns: silent_seen, silent_unseen, laggards."""
+    hang = active.filter(pl.col("symptom").is_in(list(cfg.hang_symptoms)))
+    if hang.height == 0:
+        return pl.DataFrame(schema={**{k: active.schema[k] for k in KEY}, "silent_seen": pl.List(pl.Int32),
+                                    "silent_unseen": pl.List(pl.Int32), "laggards": pl.List(pl.Int32)})
+    reporting = hang.group_by(KEY).agg(
+        reporting=pl.col("rank").drop_nulls().unique(),
+        world=_cap("world_size").cast(pl.Int32, strict=False).max(),
+    )
+    seen = stats.filter(pl.col("rank").is_not_null()).group_by(KEY).agg(seen=pl.col("rank").unique())
+    progress = (hang.with_columns(lc=_cap("last_completed").cast(pl.Int64, strict=False))
+                .filter(pl.col("lc").is_not_null() & pl.col("rank").is_not_null())
+                .group_by([*KEY, "rank"]).agg(pl.col("lc").max()))
+    lag = (progress.with_columns(lo=pl.col("lc").min().over(KEY), hi=pl.col("lc").max().over(KEY))
+           .filter((pl.col("lc") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")))
+           .group_by(KEY).agg(laggards=pl.col("rank").unique().sort()))
+    out = reporting.join(seen, on=KEY, how="left").with_columns(
+        seen=pl.col("seen").fill_null(pl.lit([], pl.List(pl.Int32))),
+        expected=pl.when(pl.col("world").is_not_null())
+        .then(pl.int_ranges(0, pl.col("world"), dtype=pl.Int32)).otherwise(pl.lit([], pl.List(pl.Int32))),
+    )
+    out = out.with_columns(
+        silent_seen=pl.col("seen").list.set_difference("reporting").list.sort(),
+        silent_unseen=pl.col("expected").list.set_difference(pl.col("seen").list.concat("reporting")).list.sort(),
+    )
+    return out.join(lag, on=KEY, how="left").select(
+        *KEY, "silent_seen", "silent_unseen",
+        laggards=pl.col("laggards").fill_null(pl.lit([], pl.List(pl.Int32))))
+
+
+def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
+           cfg: DecideConfig = DecideConfig()) -> pl.DataFrame:
+    """One verdict row per job of `jobs` (key, state); see module doc for the logic."""
+    active = refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context"))
+    cand = candidates(active, cfg)
+    winners = cand.filter(pl.col("rank_in_job") == 1)
+    blame = culprits(active, winners, cfg)
+    hang = infer_hang(active, stats, cfg)
+    confirmed = (refined.filter((pl.col("role") == "confirmation") & pl.col("superseded_by").is_null())
+                 .select(*KEY, "outcome").unique().with_columns(confirmed=pl.lit(True)))
+    verdict = (jobs.select(*KEY, "state")
+               .join(winners.select(*KEY, "outcome", "role", "domain", "action", "rule_id", "p", "t",
+                                    "ambiguous"), on=KEY, how="left")
+               .join(blame, on=KEY, how="left")
+               .join(hang, on=KEY, how="left")
+               .join(confirmed, on=[*KEY, "outcome"], how="left"))
+    empty_i = pl.lit([], pl.List(pl.Int32))
+    verdict = verdict.with_columns(
+        culprit_nodes=pl.col("culprit_nodes").fill_null(pl.lit([], pl.List(pl.String))),
+        culprit_ranks=pl.col("culprit_ranks").fill_null(empty_i),
+        culprit_gpus=pl.col("culprit_gpus").fill_null(empty_i),
+        silent_seen=pl.col("silent_seen").fill_null(empty_i),
+        silent_unseen=pl.col("silent_unseen").fill_null(empty_i),
+        laggards=pl.col("laggards").fill_null(empty_i),
+        peer_unresolved=pl.col("peer_unresolved").fill_null(False),
+        confirmed=pl.col("confirmed").fill_null(False),
+        ambiguous=pl.col("ambiguous").fill_null(False),
+    )
+    # Hang with no direct blame: the one silent rank, else the laggards.
+    is_hang = (pl.col("outcome") == "nccl_timeout_hang") & (pl.col("role") != "root") & (pl.col("culprit_ranks").list.len() == 0) & (pl.col("culprit_nodes").list.len() == 0)
+    silent = pl.col("silent_seen").list.concat("silent_unseen")
+    verdict = verdict.with_columns(
+        inference=pl.when(is_hang & (silent.list.len() == 1) & (pl.col("silent_unseen").list.len() == 1))
+        .then(pl.lit("silent_unseen"))
+        .when(is_hang & (silent.list.len() == 1)).then(pl.lit("silent_seen"))
+        .when(is_hang & (silent.list.len() == 0) & (pl.col("laggards").list.len() > 0)
+              & (pl.col("laggards").list.len() <= 2)).then(pl.lit("laggard"))
+        .otherwise(pl.lit(None, pl.String)),
+    )
+    verdict = verdict.with_columns(
+        culprit_ranks=pl.when(pl.col("inference").is_in(["silent_seen", "silent_unseen"])).then(silent)
+        .when(pl.col("inference") == "laggard").then(pl.col("laggards"))
+        .otherwise(pl.col("culprit_ranks")),
+        # A rank that printed nothing at all may sit on a dead node: say so, don't choose.
+        ambiguous=pl.col("ambiguous") | (pl.col("inference") == "silent_unseen").fill_null(False),
+    )
+    no_fault = pl.col("outcome").is_null()
+    completed = pl.col("state") == "COMPLETED"
+    verdict = verdict.with_columns(
+        outcome=pl.when(no_fault & (completed | (pl.col("state") == "UNKNOWN"))).then(pl.lit("healthy"))
+        .when(no_fault).then(pl.lit("unknown")).otherwise(pl.col("outcome")),
+        domain=pl.when(no_fault).then(pl.lit("unknown")).otherwise(pl.col("domain")),
+    )
+    return verdict.with_columns(confidence=_confidence(), confidence_reason=_confidence_reason())
+
+
+def _confidence() -> pl.Expr:
+    strong_root = (pl.col("role") == "root") & (pl.col("p") >= 70)
+    level = (pl.when(pl.col("ambiguous")).then(0)
+             .when(pl.col("outcome").is_in(["healthy", "unknown"]) & pl.col("role").is_null())
+             .then(pl.when(pl.col("state") == "COMPLETED").then(2).otherwise(0))
+             .when(strong_root | ((pl.col("role") == "root") & pl.col("confirmed"))).then(2)
+             .when(pl.col("role").is_in(["root", "confirmation"])).then(1)
+             .when(pl.col("inference").is_in(["silent_seen", "laggard"])).then(1)
+             .otherwise(0))
+    level = level - pl.col("peer_unresolved").cast(pl.Int32)
+    return pl.when(level >= 2).then(pl.lit("high")).when(level == 1).then(pl.lit("medium")).otherwise(pl.lit("low"))
+
+
+def _confidence_reason() -> pl.Expr:
+    parts = [
+        pl.when(pl.col("ambiguous")).then(pl.lit("more than one cause fits the evidence")),
+        pl.when(pl.col("role") == "root").then(
+            pl.when(pl.col("p") >= 70).then(pl.lit("a specific root-cause signature"))
+            .otherwise(pl.lit("a generic root-cause signature"))),
+        pl.when(pl.col("confirmed")).then(pl.lit("corroborated by a confirming signal")),
+        pl.when(pl.col("role") == "confirmation").then(pl.lit("only a corroborating signal, no direct root evidence")),
+        pl.when(pl.col("role") == "cascade").then(pl.lit("only victim-side (cascade) evidence")),
+        pl.when(pl.col("role") == "teardown").then(pl.lit("only teardown noise")),
+        pl.when(pl.col("inference") == "silent_seen").then(pl.lit("culprit inferred: the only rank not reporting the timeout")),
+        pl.when(pl.col("inference") == "silent_unseen").then(
+            pl.lit("the only rank not reporting printed nothing at all: hang or lost node")),
+        pl.when(pl.col("inference") == "laggard").then(pl.lit("culprit inferred: lowest last completed collective")),
+        pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
+        pl.when(pl.col("role").is_null() & (pl.col("state") == "UNKNOWN"))
+        .then(pl.lit("no scheduler state and no failure signature in the logs")),
+        pl.when(pl.col("role").is_null() & (pl.col("state") == "COMPLETED")).then(pl.lit("the job completed")),
+        pl.when(pl.col("role").is_null() & ~pl.col("state").is_in(["UNKNOWN", "COMPLETED"]))
+        .then(pl.lit("the job failed but no rule names a cause")),
+    ]
+    return pl.concat_list(parts).list.drop_nulls().list.join("; ")

@@ -1,0 +1,95 @@
+"""Phases 2 and 3, filter and refine, over the symptoms of many jobs at once.
+
+filter: drop matches outside a job's window or node set, duplicate lines, and all but
+        the most specific rule on each line.
+refine: set aside what a present rule supersedes, and resolve implicated peers to
+        nodes through the address map the logs themselves reveal.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from faultline.rules.extract import KEY
+from faultline.rules.model import Ruleset
+from faultline.taxonomy import ROLE_TIER
+
+
+def filter_symptoms(symptoms: pl.DataFrame, jobs: pl.DataFrame | None = None,
+                    window_margin_s: int = 900) -> pl.DataFrame:
+    """Keep matches inside each job's window (with a margin before start: kernel events precede
+    the crash) and on its allocated nodes when the scheduler says which; one rule per line."""
+    out = symptoms
+    if jobs is not None and jobs.height and "start_time" in jobs.columns:
+        win = jobs.select(*KEY, "start_time", "end_time")
+        out = out.join(win, on=KEY, how="left").filter(
+            pl.col("ts").is_null() | pl.col("start_time").is_null()
+            | ((pl.col("ts") >= pl.col("start_time") - pl.duration(seconds=window_margin_s))
+               & (pl.col("end_time").is_null() | (pl.col("ts") <= pl.col("end_time") + pl.duration(seconds=120))))
+        ).drop("start_time", "end_time")
+    # The most specific reading of each line wins; ties keep every rule.
+    out = out.filter(pl.col("priority") == pl.col("priority").max().over([*KEY, "file", "seq"]))
+    return out.unique(subset=[*KEY, "file", "seq", "rule_id"], keep="first", maintain_order=True)
+
+
+def _normalize_addr(col: pl.Expr) -> pl.Expr:
+    """`10.0.0.7<4242>` / `[::ffff:10.0.0.7]:4242` / `host.domain` -> a comparable key."""
+    return (col.str.replace(r"<\d+>$", "").str.replace(r"^\[?(?:::ffff:)?", "")
+            .str.replace(r"\]?(?::\d+)?$", "").str.to_lowercase())
+
+
+def _short_host(col: pl.Expr) -> pl.Expr:
+    return col.str.to_lowercase().str.split(".").list.first()
+
+
+def supersede(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
+    """Mark rows whose rule or symptom is superseded by a rule present in the same job."""
+    edges = [(r.id, target) for r in ruleset.rules for target in r.supersedes]
+    if not edges or symptoms.height == 0:
+        return symptoms.with_columns(superseded_by=pl.lit(None, pl.String))
+    edge_df = pl.DataFrame(edges, schema={"winner": pl.String, "target": pl.String}, orient="row")
+    present = symptoms.select(*KEY, winner=pl.col("rule_id")).unique()
+    active = present.join(edge_df, on="winner")  # job x target superseded there
+    by_rule = active.rename({"target": "rule_id"}).group_by([*KEY, "rule_id"]).agg(pl.col("winner").min().alias("w1"))
+    by_sym = active.rename({"target": "symptom"}).group_by([*KEY, "symptom"]).agg(pl.col("winner").min().alias("w2"))
+    out = (symptoms.join(by_rule, on=[*KEY, "rule_id"], how="left", maintain_order="left")
+           .join(by_sym, on=[*KEY, "symptom"], how="left", maintain_order="left"))
+    # A rule never supersedes itself out of existence (a symptom shared by winner and loser).
+    return out.with_columns(superseded_by=pl.coalesce(
+        pl.when(pl.col("w1") != pl.col("rule_id")).then(pl.col("w1")),
+        pl.when(pl.col("w2") != pl.col("rule_id")).then(pl.col("w2")),
+    )).drop("w1", "w2")
+
+
+def resolve_peers(symptoms: pl.DataFrame) -> pl.DataFrame:
+    """peer -> peer_node through addresses the job's own lines tie to nodes, or a node name."""
+    addr = (symptoms.filter(pl.col("address").is_not_null() & pl.col("node").is_not_null())
+            .select(*KEY, key=_normalize_addr(pl.col("address")), peer_node_a=pl.col("node"))
+            .unique(subset=[*KEY, "key"], keep="first", maintain_order=True))
+    nodes = symptoms.filter(pl.col("node").is_not_null()).select(*KEY, pl.col("node")).unique()
+    by_name = nodes.select(*KEY, key=pl.col("node").str.to_lowercase(), peer_node_n=pl.col("node"))
+    by_short = (nodes.select(*KEY, key=_short_host(pl.col("node")), peer_node_s=pl.col("node"))
+                .group_by([*KEY, "key"]).agg(pl.col("peer_node_s").min(), pl.len().alias("n"))
+                .filter(pl.col("n") == 1).drop("n"))  # a short name that fits one node only
+    out = symptoms.with_columns(_peer_key=_normalize_addr(pl.col("peer")))
+    out = (out.join(addr, left_on=[*KEY, "_peer_key"], right_on=[*KEY, "key"], how="left", maintain_order="left")
+           .join(by_name, left_on=[*KEY, "_peer_key"], right_on=[*KEY, "key"], how="left", maintain_order="left")
+           .with_columns(_peer_short=_short_host(pl.col("_peer_key")))
+           .join(by_short, left_on=[*KEY, "_peer_short"], right_on=[*KEY, "key"], how="left", maintain_order="left"))
+    return out.with_columns(
+        peer_node=pl.coalesce("peer_node_a", "peer_node_n", "peer_node_s"),
+    ).drop("peer_node_a", "peer_node_n", "peer_node_s", "_peer_key", "_peer_short")
+
+
+def refine(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
+    out = resolve_peers(supersede(symptoms, ruleset))
+    return out.with_columns(
+        tier=pl.col("role").replace_strict(ROLE_TIER, return_dtype=pl.Int8),
+        # Who a row blames: the printer (self), the resolved peer, or nobody.
+        target_node=pl.when(pl.col("implicates") == "self").then(pl.col("node"))
+        .when(pl.col("implicates") == "peer").then(pl.coalesce("peer_node", pl.col("peer").str.replace(r"<\d+>$", "")))
+        .otherwise(None),
+        target_rank=pl.when(pl.col("implicates") == "self").then(pl.col("rank")).otherwise(None),
+        target_gpu=pl.when(pl.col("implicates") == "self").then(pl.col("gpu")).otherwise(None),
+        peer_unresolved=(pl.col("implicates") == "peer") & pl.col("peer_node").is_null(),
+    )
