@@ -87,9 +87,20 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from faultline.demo import run_demo
+
+    return run_demo(_ruleset(args), Path(args.data_dir))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultline", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
+
+    demo = sub.add_parser("demo", help="diagnose built-in failure scenarios end to end")
+    demo.add_argument("--data-dir", default="data", help="where the demo writes its jobs and diagnoses")
+    demo.add_argument("--rules", action="append", help="extra rule pack folder (repeatable)")
+    demo.set_defaults(func=cmd_demo)
 
     diag = sub.add_parser("diagnose", help="diagnose one job from its log files and folders")
     diag.add_argument("paths", nargs="+", help="files (plain, .gz, .bz2, .xz) and folders of one job")

@@ -97,10 +97,12 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
            .filter((pl.col("lc") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")))
            .group_by(KEY).agg(laggards=pl.col("rank").unique().sort()))
     out = reporting.join(seen, on=KEY, how="left").with_columns(
-        seen=pl.col("seen").fill_null(pl.lit([], pl.List(pl.Int32))),
-        expected=pl.when(pl.col("world").is_not_null())
-        .then(pl.int_ranges(0, pl.col("world"), dtype=pl.Int32)).otherwise(pl.lit([], pl.List(pl.Int32))),
-    )
+        seen=pl.col("seen").fill_null(pl.lit([], pl.List(pl.Int32))))
+    # Ranks are numbered 0..world-1: the world size, or else a hole below the highest rank
+    # seen, names a rank that never spoke.
+    top = pl.max_horizontal(pl.col("world").fill_null(0),
+                            pl.col("seen").list.concat("reporting").list.max().fill_null(-1) + 1)
+    out = out.with_columns(expected=pl.int_ranges(0, top, dtype=pl.Int32))
     out = out.with_columns(
         silent_seen=pl.col("seen").list.set_difference("reporting").list.sort(),
         silent_unseen=pl.col("expected").list.set_difference(pl.col("seen").list.concat("reporting")).list.sort(),

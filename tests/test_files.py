@@ -1,0 +1,86 @@
+"""Bad input gets a verdict or a clear record, never a crash, and loses nothing else."""
+
+import gzip
+import os
+import random
+
+import polars as pl
+
+from faultline.collectors.files import FileReport, read_blocks
+from faultline.pipeline import collect_files, diagnose_files
+
+OOM = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+
+
+def lines_of(path, **kw):
+    rep = FileReport(str(path), "applog", None, None)
+    frames = list(read_blocks(path, rep, **kw))
+    return (pl.concat(frames)["line"].to_list() if frames else []), rep
+
+
+def test_block_boundaries_do_not_change_lines(write):
+    rnd = random.Random(7)
+    text = [("x" * rnd.randint(0, 300)) + f" line {i}" for i in range(3000)]
+    p = write("a.log", *text)
+    whole, _ = lines_of(p)
+    for block in (17, 1000, 4096):
+        got, rep = lines_of(p, block_bytes=block, max_line=10_000)
+        assert got == whole == text
+        assert rep.truncated_lines == 0
+
+
+def test_crlf_and_missing_final_newline(write):
+    p = write("a.log", data=b"one\r\ntwo\r\nthree")
+    assert lines_of(p)[0] == ["one", "two", "three"]
+
+
+def test_fifty_megabyte_line_is_truncated_with_a_marker_and_the_rest_survives(write, ruleset):
+    big = b"A" * (50 << 20)
+    p = write("big.log", data=b"before\n" + big + b"\n" + OOM.encode() + b"\n")
+    got, rep = lines_of(p, block_bytes=1 << 20)
+    assert got[0] == "before" and got[2] == OOM
+    assert got[1].startswith("A" * 1000) and "line truncated" in got[1] and len(got[1]) < 70_000
+    assert rep.truncated_lines == 1
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "cuda_oom"
+    assert "truncated" in " ".join(c["reason"] for c in d["coverage"])
+
+
+def test_long_line_inside_one_block_is_truncated_too(write):
+    p = write("a.log", "short", "B" * 200_000, "after")
+    got, rep = lines_of(p)
+    assert got[0] == "short" and got[2] == "after" and "line truncated" in got[1]
+    assert rep.truncated_lines == 1
+
+
+def test_invalid_utf8_is_replaced_and_counted(write, ruleset):
+    p = write("bad.log", data=b"caf\xe9 \xff\xfe\n" + OOM.encode() + b"\n")
+    got, rep = lines_of(p)
+    assert got[0] == "caf\ufffd \ufffd\ufffd"
+    assert rep.replaced_chars == 3
+    assert diagnose_files([p], ruleset)["outcome"] == "cuda_oom"
+
+
+def test_random_bytes_empty_and_corrupt_files_are_recorded_not_fatal(write, ruleset, tmp_path):
+    write("job/random.bin", data=os.urandom(300_000))
+    write("job/empty.log", data=b"")
+    write("job/broken.log.gz", data=b"\x1f\x8b\x08\x00garbage-not-gzip")
+    write("job/good.log.gz", data=gzip.compress((OOM + "\n").encode()))
+    ev = collect_files([tmp_path / "job", tmp_path / "does-not-exist"], ruleset)
+    by_name = {os.path.basename(r.path): r for r in ev.files}
+    assert by_name["empty.log"].status == "empty"
+    assert by_name["broken.log.gz"].status == "error" and by_name["broken.log.gz"].reason
+    assert by_name["does-not-exist"].status == "error"
+    assert by_name["good.log.gz"].lines == 1
+    d = diagnose_files([tmp_path / "job", tmp_path / "does-not-exist"], ruleset)
+    assert d["outcome"] == "cuda_oom"
+    applog = next(c for c in d["coverage"] if c["source"] == "applog")
+    assert applog["status"] == "ok"
+    assert "broken.log.gz: error" in applog["reason"] and "empty.log: empty" in applog["reason"]
+
+
+def test_only_garbage_gives_a_verdict(write, ruleset):
+    p = write("noise.bin", data=os.urandom(100_000))
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] in ("healthy", "unknown")
+    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": []}

@@ -1,0 +1,79 @@
+from datetime import datetime, timezone
+
+import polars as pl
+import pytest
+
+from faultline.collectors.files import hints
+from faultline.logparse import parse_lines, year_hint
+
+
+def one(line: str, **kw) -> dict:
+    return parse_lines(pl.DataFrame({"line": [line]}), year=2024, **kw).row(0, named=True)
+
+
+def utc(*a) -> datetime:
+    return datetime(*a, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("line,node,rank,local_rank,gpu", [
+    ("[rank3]: Traceback (most recent call last):", None, 3, None, None),
+    ("[default5]:[rank13]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] x", None, 13, 5, None),
+    ("12: [default3]:I0510 07:28:04.417845 1398 distributed_c10d.py:337] Waiting", None, 12, 3, None),
+    ("gpu-17:34050:34121 [3] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : port error",
+     "gpu-17", None, None, 3),
+    ("[n125-011-039:288505:0:296459] Caught signal 11 (Segmentation fault: address not mapped)",
+     "n125-011-039", None, None, None),
+    ("[E ProcessGroupNCCL.cpp:916] [Rank 1] NCCL watchdog thread terminated with exception", None, 1, None, None),
+    ("what():  [PG ID 0 PG GUID 0(default_pg) Rank 3] Process group watchdog thread terminated", None, 3, None, None),
+    ("Jun  9 11:49:36 dgx-a100-07 kernel: NVRM: Xid (PCI:0000:3b:00): 79", "dgx-a100-07", None, None, None),
+    ("[pod/llama-worker-3/pytorch] [rank24]: hello", "llama-worker-3", 24, None, None),
+    ("plain line with no prefix at all", None, None, None, None),
+    ("2023-07-26 09:59:13.215 | INFO | utils.train:__init__:41 -", None, None, None, None),
+])
+def test_prefixes(line, node, rank, local_rank, gpu):
+    r = one(line)
+    assert (r["node"], r["rank"], r["local_rank"], r["gpu"]) == (node, rank, local_rank, gpu)
+
+
+@pytest.mark.parametrize("line,ts", [
+    ("[rank0]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] x", utc(2024, 3, 21, 2, 7, 8, 408271)),
+    ("W1026 03:51:31.222000 2521679 site-packages/torch/distributed/elastic/api.py:908] x",
+     utc(2024, 10, 26, 3, 51, 31, 222000)),
+    ("Jun  9 11:49:36 host1 kernel: x", utc(2024, 6, 9, 11, 49, 36)),
+    ("2024-06-09T11:49:36.5+02:00 host1 kernel: x", utc(2024, 6, 9, 9, 49, 36, 500000)),
+    ("[Sun Jun  9 11:49:36 2024] Out of memory: Killed process 7815", utc(2024, 6, 9, 11, 49, 36)),
+    ("2023-07-26 09:59:13,215 - INFO - x", utc(2023, 7, 26, 9, 59, 13, 215000)),
+    ("2024-01-02T03:04:05.123456789Z [rank0]: hello", utc(2024, 1, 2, 3, 4, 5, 123456)),
+    ("[1718000000.5] foo", utc(2024, 6, 10, 6, 13, 20, 500000)),
+    ("[ 1234.567890] NVRM: Xid: monotonic seconds since boot carry no wall clock", None),
+    ("epoch 10 step 5: loss 2.0", None),
+])
+def test_timestamps(line, ts):
+    assert one(line)["ts"] == ts
+
+
+def test_file_level_hints_fill_gaps_but_lines_win():
+    assert one("plain", file_node="node-a", file_rank=4)["node"] == "node-a"
+    assert one("plain", file_node="node-a", file_rank=4)["rank"] == 4
+    assert one("gpu-9:1:2 [0] NCCL INFO x", file_node="node-a")["node"] == "gpu-9"
+
+
+@pytest.mark.parametrize("path,source,node,rank", [
+    ("logs/node-a.log", "applog", "node-a", None),
+    ("logs/gpu017/dmesg.txt", "syslog", "gpu017", None),
+    ("logs/rank3.out", "applog", None, 3),
+    ("job/worker-12/train_rank_7.log.gz", "applog", "worker-12", 7),
+    ("slurm-4711.out", "applog", None, None),
+    ("case/log.txt", "applog", None, None),
+    ("case/case2_h20.txt", "applog", None, None),
+    ("x/node07/kern.log", "syslog", "node07", None),
+])
+def test_file_name_hints(path, source, node, rank):
+    from pathlib import Path
+    assert hints(Path(path)) == (source, node, rank)
+
+
+def test_year_hint_takes_the_common_full_year():
+    s = pl.Series(["2023-07-26 09:59:13 a", "2023-07-26 10:00:00 b", "[Sun Jun  9 11:49:36 2024] c", "x"])
+    assert year_hint(s) == 2023
+    assert year_hint(pl.Series(["no dates here"])) is None

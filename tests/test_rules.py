@@ -1,0 +1,101 @@
+"""The packs' own tests, and the loader's promises: every problem at once, with its place."""
+
+import textwrap
+
+import pytest
+
+from faultline import taxonomy
+from faultline.rules.loader import RulesetError, load_ruleset
+from faultline.rules.testing import run_rule_tests
+
+
+def test_every_rule_passes_its_own_tests(ruleset):
+    count, failures = run_rule_tests(ruleset)
+    assert count > 3 * len(ruleset.log_rules) / 2
+    assert not failures, "\n".join(map(str, failures))
+
+
+def test_every_rule_has_tests_and_every_outcome_a_stable_rule(ruleset):
+    assert all(r.tests_match for r in ruleset.rules)
+    outcomes = {r.emits.outcome for r in ruleset.rules if r.status == "stable"}
+    outcomes |= {row.get("outcome") for r in ruleset.rules if r.lookup for row in r.lookup.rows}
+    missing = set(taxonomy.OUTCOMES) - outcomes - {"healthy", "unknown"}
+    assert not missing
+
+
+def test_ruleset_version_is_a_content_hash(tmp_path):
+    pack = tmp_path / "mine"
+    pack.mkdir()
+    (pack / "a.yaml").write_text(GOOD)
+    v1 = load_ruleset([tmp_path], builtin=False).version
+    assert load_ruleset([tmp_path], builtin=False).version == v1
+    (pack / "a.yaml").write_text(GOOD.replace("stable", "test"))
+    assert load_ruleset([tmp_path], builtin=False).version != v1
+
+
+GOOD = textwrap.dedent("""\
+    rules:
+      - id: site.gpu_fell_over
+        title: Site-specific GPU failure message
+        status: stable
+        description: Our health agent prints this when a GPU stops answering.
+        match:
+          log:
+            literals: ["gpu fell over"]
+            regex: 'GPU fell over on (?P<node>[\\w-]+)'
+        emits: {symptom: site_gpu, role: root, domain: hardware, implicates: self, outcome: gpu_hardware}
+        priority: 90
+        action: drain_node
+        tests:
+          match:
+            - line: "healthd: GPU fell over on gpu042"
+              node: gpu042
+          no_match: ["GPU is fine on gpu042"]
+""")
+
+
+def test_loader_reports_every_problem_with_file_and_line(tmp_path):
+    pack = tmp_path / "broken"
+    pack.mkdir()
+    (pack / "a.yaml").write_text(textwrap.dedent("""\
+        rules:
+          - id: Bad Id
+            title: x
+            description: y
+            match: {log: {literals: ["ab"], regex: "unclosed("}}
+            emits: {symptom: s, role: boss, domain: hardware, implicates: peer, outcome: nope}
+          - id: ok.no_tests
+            title: x
+            description: y
+            match: {log: {literals: ["abc"], regex: "abc"}}
+            emits: {symptom: s, role: root, domain: hardware, implicates: self, outcome: gpu_hardware}
+        """))
+    (pack / "b.yaml").write_text("rules: [\n")
+    with pytest.raises(RulesetError) as err:
+        load_ruleset([tmp_path], builtin=False)
+    text = str(err.value)
+    for needle in ("a.yaml:2", "id 'Bad Id'", "does not compile", "emits.role 'boss'", "emits.outcome 'nope'",
+                   "implicates=peer needs emits.peer", "3+ characters", "a.yaml:7", "has no tests",
+                   "b.yaml", "not valid YAML"):
+        assert needle in text, needle
+
+
+def test_operator_pack_overrides_builtin_rule_by_id(tmp_path, ruleset):
+    pack = tmp_path / "site"
+    pack.mkdir()
+    some = ruleset.log_rules[0]
+    (pack / "o.yaml").write_text(GOOD.replace("site.gpu_fell_over", some.id))
+    merged = load_ruleset([tmp_path])
+    assert merged.by_id()[some.id].pack == "site"
+    assert len(merged.rules) == len(ruleset.rules)
+
+
+def test_failing_rule_test_is_reported(tmp_path):
+    pack = tmp_path / "mine"
+    pack.mkdir()
+    (pack / "a.yaml").write_text(GOOD.replace("node: gpu042", "node: gpu043").replace(
+        '["GPU is fine on gpu042"]', '["GPU fell over on gpu1"]'))
+    count, failures = run_rule_tests(load_ruleset([tmp_path], builtin=False))
+    assert count == 2
+    assert sorted(f.message for f in failures) == ["matched a line it must not match",
+                                                   "node: expected 'gpu043', got 'gpu042'"]
