@@ -6,7 +6,7 @@ inferred stays null: a node is never guessed.
 Prefixes understood (they may be stacked, e.g. `0: [default0]:[rank0]:[E321 ...]`):
   srun --label           `12: `                         -> rank (Slurm task id)
   torchrun               `[rank3]:` / `[default3]:`     -> rank / local_rank
-  PyTorch c10d           `[Rank 3]`, `[PG 0 Rank 3]`    -> rank
+  PyTorch c10d           `[Rank 3]`, `[PG 0 Rank 3]`    -> rank (default group only)
   NCCL                   `host:pid:tid [gpu] NCCL ...`  -> node, gpu
   UCX                    `[host:pid:x:tid]`             -> node
   kubectl --prefix       `[pod/name/container] `        -> node (the pod's hostname)
@@ -27,7 +27,8 @@ MONTHS = {m: f"{i:02d}" for i, m in enumerate(
 _LABEL = r"^\s*(\d{1,6}): "
 _TORCHRUN_RANK = r"\[rank(\d{1,6})\]:"
 _TORCHRUN_LOCAL = r"\[(?:default|trainer|worker)(\d{1,4})\]:"
-_C10D_RANK = r"\[(?:PG [^\]]{0,80}?)?Rank (\d{1,6})\]"
+# Only the default process group's rank is the global rank; `[PG 3 Rank 1]` is local to a subgroup.
+_C10D_RANK = r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d{1,6})\]"
 _NCCL = r"(?:^|[\s:\]])([A-Za-z0-9.\-_]*[A-Za-z0-9]):\d+:\d+ \[(\d{1,2})\] "
 _UCX = r"^\s*\[([A-Za-z0-9][A-Za-z0-9.\-]*):\d+:\d+:\d+\]"
 _KUBECTL = r"^\[pod/([a-z0-9][a-z0-9.\-]*)/[^\]]+\] "

@@ -103,7 +103,7 @@ def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job"
                 if sym.height:
                     exact = lines.select("seq", "ts_exact")
                     symptom_parts.append(sym.join(exact, on="seq", how="left"))
-        except (OSError, EOFError, ValueError) as exc:  # unreadable, corrupt archive, ...
+        except filecol.READ_ERRORS as exc:  # unreadable, corrupt archive, ...
             rep.status, rep.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
         if rep.status == "ok" and rep.lines == 0:
             rep.status, rep.reason = "empty", "file has no lines"

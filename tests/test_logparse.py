@@ -25,6 +25,8 @@ def utc(*a) -> datetime:
      "n125-011-039", None, None, None),
     ("[E ProcessGroupNCCL.cpp:916] [Rank 1] NCCL watchdog thread terminated with exception", None, 1, None, None),
     ("what():  [PG ID 0 PG GUID 0(default_pg) Rank 3] Process group watchdog thread terminated", None, 3, None, None),
+    ("[PG 3 Rank 1] Watchdog caught collective operation timeout", None, None, None, None),
+    ("[PG ID 0 PG GUID 0 Rank 5] Watchdog caught collective operation timeout", None, 5, None, None),
     ("Jun  9 11:49:36 dgx-a100-07 kernel: NVRM: Xid (PCI:0000:3b:00): 79", "dgx-a100-07", None, None, None),
     ("[pod/llama-worker-3/pytorch] [rank24]: hello", "llama-worker-3", 24, None, None),
     ("plain line with no prefix at all", None, None, None, None),
@@ -67,6 +69,9 @@ def test_file_level_hints_fill_gaps_but_lines_win():
     ("case/log.txt", "applog", None, None),
     ("case/case2_h20.txt", "applog", None, None),
     ("x/node07/kern.log", "syslog", "node07", None),
+    ("big100.log", "applog", None, None),  # digits alone do not make a host name
+    ("notes.log", "applog", None, None),
+    ("ip-10-0-0-7.log", "applog", "ip-10-0-0-7", None),
 ])
 def test_file_name_hints(path, source, node, rank):
     from pathlib import Path

@@ -12,12 +12,15 @@ import bz2
 import gzip
 import lzma
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import polars as pl
 
+# What reading a damaged or unreadable file can raise; each is recorded, never fatal.
+READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)
 BLOCK_BYTES = 16 << 20
 MAX_LINE = 64 << 10
 TRUNCATED = " …[faultline: line truncated, {} more bytes]"
@@ -26,8 +29,11 @@ _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 _SYSLOG_NAMES = re.compile(r"(?i)(dmesg|syslog|kern|messages|journal)")
 _K8S_EVENT_NAMES = re.compile(r"(?i)(events|describe)")
 _RANK_NAME = re.compile(r"(?i)(?:^|[_.\-])rank[_\-]?(\d{1,6})(?:$|[_.\-])")
-# A file or folder named like a host (node-a, gpu017, dgx-b200-12.cluster): a node.
-_HOSTLIKE = re.compile(r"^(?=.*(?:\d|^(?:node|host|gpu|worker|compute|dgx|hgx)))[A-Za-z][A-Za-z0-9\-]*(?:\.[A-Za-z0-9\-]+)*$")
+# A file or folder named like a host (node-a, gpu017, dgx-b200-12, ip-10-0-0-7.ec2): a node. Only
+# names that start the way cluster hosts are named count; anything else stays unknown.
+_HOSTLIKE = re.compile(
+    r"(?i)^(?:(?:node|host|gpu|worker|compute|dgx|hgx|srv|server|hpc)[\-_]?[A-Za-z0-9]*"
+    r"|(?:cn|nid|ip|n)-?\d[A-Za-z0-9]*)(?:[\-.][A-Za-z0-9]+)*$")
 _NOT_HOST = re.compile(
     r"(?i)^(?:slurm|job|log|logs|out|output|stdout|stderr|err|train|training|run|dmesg|syslog|kern|messages|journal|"
     r"events|describe|case|rank|nccl|torch|python|test|tmp|data)(?:[\-_.]?\d*)?$")
@@ -109,13 +115,14 @@ def _open(path: Path):
 
 def _frame(lines: list[str], reader: _Reader) -> pl.DataFrame:
     s = pl.Series("line", lines, dtype=pl.String).str.strip_suffix("\r")
-    too_long = s.str.len_chars() > reader.max_line
+    # Lines cut while streaming already carry the marker and may exceed max_line by its length.
+    too_long = s.str.len_chars() > reader.max_line + len(TRUNCATED) + 12
     n_long = int(too_long.sum())
     if n_long:
         reader.report.truncated_lines += n_long
         line, head = pl.col("line"), pl.col("line").str.slice(0, reader.max_line)
         s = pl.DataFrame({"line": s}).select(
-            pl.when(line.str.len_chars() > reader.max_line)
+            pl.when(line.str.len_chars() > reader.max_line + len(TRUNCATED) + 12)
             .then(head + pl.format(TRUNCATED, line.str.len_bytes() - head.str.len_bytes()))
             .otherwise(line)).to_series()
     return pl.DataFrame({"line": s})
@@ -177,6 +184,6 @@ def sample_text(path: Path, limit: int = 1 << 20) -> pl.Series:
     try:
         with _open(path) as fh:
             data = fh.read(limit)
-    except (OSError, EOFError, lzma.LZMAError):
+    except READ_ERRORS:
         return pl.Series("line", [], dtype=pl.String)
     return pl.Series("line", data.decode("utf-8", errors="replace").split("\n"), dtype=pl.String)

@@ -24,7 +24,8 @@ _TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Captures the engine gives meaning to; any other name is kept as plain evidence.
 LINE_FIELDS = ("node", "rank", "local_rank", "gpu")
 _EMIT_FIELDS = ("symptom", "role", "domain", "implicates", "outcome", "summary", "peer", "address")
-_LOOKUP_FIELDS = _EMIT_FIELDS + ("action", "priority", "title")
+# `title` documents a row; `supersedes` (space-separated) makes the row's symptom supersede them.
+_LOOKUP_FIELDS = _EMIT_FIELDS + ("action", "priority", "title", "supersedes")
 
 
 @dataclass
@@ -209,6 +210,10 @@ class _Builder:
                                  ("action", taxonomy.ACTIONS)):
                 if row.get(col) and row[col] not in allowed:
                     self.bad(f"{table}:{n}", f"{col} {row[col]!r} not in {allowed}")
+        for n, row in enumerate(rows, start=2):
+            for name in _TEMPLATE_FIELD.findall(row.get("summary") or ""):
+                if name not in captures and name not in ("node", "rank", "gpu"):
+                    self.bad(f"{table}:{n}", f"summary uses {{{name}}}, which is not a capture")
         unknown = set(rows[0]) - set(_LOOKUP_FIELDS) - {"key"}
         if unknown:
             self.bad(f"{table}:1", f"unknown columns {sorted(unknown)}")
@@ -283,10 +288,15 @@ def load_ruleset(extra: list[Path] | None = None, builtin: bool = True) -> Rules
         for table in sorted(d.glob("*.csv")):
             digest.update(d.name.encode() + b"\0" + table.name.encode() + b"\0" + table.read_bytes())
     known = set(rules) | {r.emits.symptom for r in rules.values()}
+    known |= {row["symptom"] for r in rules.values() if r.lookup for row in r.lookup.rows if row.get("symptom")}
     for r in rules.values():
-        for target in r.supersedes:
+        targets = [(r.path, t) for t in r.supersedes]
+        if r.lookup:
+            targets += [(f"{r.lookup.table} key {row['key']}", t) for row in r.lookup.rows
+                        for t in row.get("supersedes", "").split()]
+        for where, target in targets:
             if target not in known:
-                builder.bad(r.path, f"{r.id}: supersedes unknown rule or symptom {target!r}")
+                builder.bad(where, f"{r.id}: supersedes unknown rule or symptom {target!r}")
     if builder.problems:
         raise RulesetError(builder.problems)
     ordered = tuple(sorted(rules.values(), key=lambda r: r.id))

@@ -42,22 +42,31 @@ def _short_host(col: pl.Expr) -> pl.Expr:
     return col.str.to_lowercase().str.split(".").list.first()
 
 
+def supersession_edges(ruleset: Ruleset) -> pl.DataFrame:
+    """(winner, target): a rule id or a symptom (lookup rows speak for their symptom) and what it explains."""
+    edges = {(r.id, t) for r in ruleset.rules for t in r.supersedes}
+    edges |= {(row["symptom"], t) for r in ruleset.rules if r.lookup for row in r.lookup.rows
+              if row.get("symptom") for t in row.get("supersedes", "").split()}
+    return pl.DataFrame(sorted(edges), schema={"winner": pl.String, "target": pl.String}, orient="row")
+
+
 def supersede(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
-    """Mark rows whose rule or symptom is superseded by a rule present in the same job."""
-    edges = [(r.id, target) for r in ruleset.rules for target in r.supersedes]
-    if not edges or symptoms.height == 0:
+    """Mark rows whose rule or symptom is superseded by a rule or symptom present in the same job."""
+    edge_df = supersession_edges(ruleset)
+    if edge_df.height == 0 or symptoms.height == 0:
         return symptoms.with_columns(superseded_by=pl.lit(None, pl.String))
-    edge_df = pl.DataFrame(edges, schema={"winner": pl.String, "target": pl.String}, orient="row")
-    present = symptoms.select(*KEY, winner=pl.col("rule_id")).unique()
+    present = pl.concat([symptoms.select(*KEY, winner=pl.col("rule_id")),
+                         symptoms.select(*KEY, winner=pl.col("symptom"))]).unique()
     active = present.join(edge_df, on="winner")  # job x target superseded there
     by_rule = active.rename({"target": "rule_id"}).group_by([*KEY, "rule_id"]).agg(pl.col("winner").min().alias("w1"))
     by_sym = active.rename({"target": "symptom"}).group_by([*KEY, "symptom"]).agg(pl.col("winner").min().alias("w2"))
     out = (symptoms.join(by_rule, on=[*KEY, "rule_id"], how="left", maintain_order="left")
            .join(by_sym, on=[*KEY, "symptom"], how="left", maintain_order="left"))
-    # A rule never supersedes itself out of existence (a symptom shared by winner and loser).
+    # Nothing supersedes itself (a symptom shared by winner and loser).
+    mine = pl.col("rule_id"), pl.col("symptom")
     return out.with_columns(superseded_by=pl.coalesce(
-        pl.when(pl.col("w1") != pl.col("rule_id")).then(pl.col("w1")),
-        pl.when(pl.col("w2") != pl.col("rule_id")).then(pl.col("w2")),
+        pl.when((pl.col("w1") != mine[0]) & (pl.col("w1") != mine[1])).then(pl.col("w1")),
+        pl.when((pl.col("w2") != mine[0]) & (pl.col("w2") != mine[1])).then(pl.col("w2")),
     )).drop("w1", "w2")
 
 

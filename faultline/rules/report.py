@@ -104,7 +104,7 @@ def _action(v: dict, cfg: ReportConfig) -> dict:
     return {"action": action, "targets": targets, "reason": reasons[action]}
 
 
-def _root_cause(v: dict, row: dict) -> str:
+def _root_cause(v: dict, row: dict, inferred: list[int]) -> str:
     caps = json.loads(row.get("first_captures") or "{}") if row else {}
     caps = {**caps, "node": (v["culprit"]["nodes"] or [None])[0], "rank": (v["culprit"]["ranks"] or [None])[0]}
     sentence = _fill(row.get("first_summary") or "", caps, "") if row else ""
@@ -117,10 +117,11 @@ def _root_cause(v: dict, row: dict) -> str:
         where.append("node " + ", ".join(v["culprit"]["nodes"]))
     if v["culprit"]["ranks"]:
         where.append("rank " + ", ".join(map(str, v["culprit"]["ranks"])))
+    silent = ", ".join(map(str, inferred))
     if v["_inference"] == "silent_seen":
-        sentence += f"; rank {v['culprit']['ranks'][0]} is the only rank that did not report the timeout"
+        sentence += f"; rank {silent} is the only rank that did not report the timeout"
     elif v["_inference"] == "silent_unseen":
-        sentence += (f"; rank {v['culprit']['ranks'][0]} printed nothing at all: a hang there or a lost node")
+        sentence += f"; rank {silent} printed nothing at all: a hang there or a lost node"
     elif v["_inference"] == "laggard":
         sentence += "; the culprit lags: lowest last completed collective"
     elif where and not v["ambiguous"]:
@@ -178,7 +179,7 @@ def build_diagnoses(verdict: pl.DataFrame, refined: pl.DataFrame, cand: pl.DataF
                      "evidence": []},
                 ]
         v["root_cause"] = _root_cause(v, {"first_summary": row["first_summary"], "first_captures": row["first_captures"]}
-                                      if row["first_rule"] else {})
+                                      if row["first_rule"] else {}, row["culprit_ranks"])
         v["recommended_action"] = _action(v, cfg)
         for k in ("_rule_action", "_rule_id", "_inference"):
             v.pop(k)

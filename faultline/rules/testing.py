@@ -63,7 +63,9 @@ def run_rule_tests(ruleset: Ruleset, only: str | None = None) -> tuple[int, list
             failures.append(TestFailure(rule.id, t.where, t.line, "did not match"))
             continue
         row = rows[0]
-        got = {**json.loads(row["captures"] or "{}"), **{k: v for k, v in row.items() if k != "captures"}}
+        # Captures win over row fields of the same name (a capture `seq` is NCCL's SeqNum, not the line number).
+        caps = {k: v for k, v in json.loads(row["captures"] or "{}").items() if v is not None}
+        got = {**{k: v for k, v in row.items() if k != "captures"}, **caps}
         for key, want in t.expect.items():
             have = got.get(key)
             if (None if have is None else str(have)) != (None if want is None else str(want)):

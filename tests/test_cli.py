@@ -1,0 +1,57 @@
+import json
+import shutil
+
+import pytest
+
+from faultline.cli import main
+from faultline.evaluate import evaluate
+
+from .conftest import CORPUS
+
+DIAGNOSIS_KEYS = {"cluster", "job_id", "attempt", "outcome", "domain", "root_cause", "culprit", "affected",
+                  "ambiguous", "candidates", "confidence", "evidence", "recommended_action", "coverage",
+                  "ruleset", "diagnosed_at"}
+OOM = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+
+
+def test_diagnose_json_has_the_design_keys(write, capsys):
+    p = write("job/train.log", "[rank0]: step 1", OOM)
+    assert main(["diagnose", str(p.parent), "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert DIAGNOSIS_KEYS <= set(d)
+    assert d["outcome"] == "cuda_oom" and d["culprit"]["ranks"] == [1]
+    assert d["evidence"][0]["line"] == OOM and d["evidence"][0]["line_no"] == 2
+    assert d["ruleset"]["version"] and d["job_id"] == "job"
+
+
+def test_diagnose_human_output_is_short_and_names_the_culprit(write, capsys):
+    p = write("train.log", OOM)
+    assert main(["diagnose", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("CUDA_OOM") and "rank 1" in out and OOM[:60] in out
+    assert len(out.splitlines()) < 20
+
+
+def test_diagnose_of_nothing_is_a_clear_error(tmp_path, capsys):
+    assert main(["diagnose", str(tmp_path / "nope.log")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_rules_commands(capsys):
+    assert main(["rules", "list"]) == 0
+    assert "rules in" in capsys.readouterr().out
+    assert main(["rules", "lint"]) == 0
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="shared corpus not beside the project")
+def test_eval_scores_a_case_and_counts_wrong_blames(tmp_path, ruleset, capsys):
+    shutil.copytree(CORPUS / "003", tmp_path / "003")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "log.txt").write_text(OOM + "\n")
+    (tmp_path / "bad" / "truth.yaml").write_text("outcome_category: healthy\nculprit: null\n")
+    results = {r.case: r for r in evaluate(tmp_path, ruleset)}
+    assert results["003"].outcome_right and results["003"].culprit_right
+    assert not results["bad"].outcome_right and results["bad"].wrong_blame  # a culprit on a healthy job
+    assert main(["eval", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "outcome accuracy: 1/2" in out and "wrong blames: 1" in out and "healthy -> cuda_oom: 1" in out
