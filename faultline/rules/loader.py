@@ -121,6 +121,8 @@ class _Builder:
         t_no = tuple(self._test(t, where) for t in tests.get("no_match") or ())
         if not t_match:
             self.bad(where, "rule has no tests: add tests.match (and tests.no_match) lines")
+        if any((t.job is None) != (job is None) for t in t_match + t_no):
+            self.bad(where, "tests of a log rule are lines; tests of a job rule are `job: {state, exit_code, signal}`")
         if log is not None:
             for t in t_match:
                 if not any(lit in t.line.lower() for lit in log.literals):
@@ -223,6 +225,13 @@ class _Builder:
     def _test(self, raw, where) -> RuleTest:
         if isinstance(raw, str):
             return RuleTest(line=raw, where=where)
+        if isinstance(raw, dict) and isinstance(raw.get("job"), dict):
+            here = f"{where.split(':')[0]}:{raw.get('__line__', '?')}"
+            job = {k: v for k, v in raw["job"].items() if k != "__line__"}
+            if job.get("state") not in (None, *taxonomy.JOB_STATES) or set(job) - {"state", "exit_code", "signal"}:
+                self.bad(here, f"test job {job!r}: give state (one of JOB_STATES), exit_code, signal")
+            expect = {k: v for k, v in raw.items() if k not in ("job", "__line__")}
+            return RuleTest(line="", expect=expect, where=here, job=job)
         if not isinstance(raw, dict) or not isinstance(raw.get("line"), str):
             self.bad(where, f"test {raw!r} must be a line or a mapping with 'line'")
             return RuleTest(line="", where=where)

@@ -51,6 +51,7 @@ class RuleTest:
     expect: dict = field(default_factory=dict)  # captures and fields the match must carry
     source: str = "applog"
     where: str = ""
+    job: dict | None = None  # for scheduler-state rules: state, exit_code, signal of a job attempt
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from faultline.logparse import parse_lines
-from faultline.rules.extract import extract_logs
+from faultline.rules.extract import extract_jobs, extract_logs
 from faultline.rules.model import Ruleset
 
 
@@ -28,8 +28,51 @@ class TestFailure:
         return f"{self.where} [{self.rule_id}] {self.message}\n    line: {self.line[:160]!r}"
 
 
+def _check(rule, t, should_match: bool, rows: list[dict]) -> list[TestFailure]:
+    text = t.line or repr(t.job)
+    if not should_match:
+        return [TestFailure(rule.id, t.where, text, "matched a line it must not match")] if rows else []
+    if not rows:
+        return [TestFailure(rule.id, t.where, text, "did not match")]
+    row = rows[0]
+    # Captures win over row fields of the same name (a capture `seq` is NCCL's SeqNum, not the line number).
+    caps = {k: v for k, v in json.loads(row["captures"] or "{}").items() if v is not None}
+    got = {**{k: v for k, v in row.items() if k != "captures"}, **caps}
+    failures = []
+    for key, want in t.expect.items():
+        have = got.get(key)
+        if (None if have is None else str(have)) != (None if want is None else str(want)):
+            failures.append(TestFailure(rule.id, t.where, text, f"{key}: expected {want!r}, got {have!r}"))
+    return failures
+
+
+def run_job_rule_tests(ruleset: Ruleset, only: str | None = None) -> tuple[int, list[TestFailure]]:
+    cases = [(rule, t, ok) for rule in ruleset.job_rules if not only or rule.id.startswith(only)
+             for ok, tests in ((True, rule.tests_match), (False, rule.tests_no_match)) for t in tests]
+    if not cases:
+        return 0, []
+    jobs = pl.DataFrame([{"cluster": "test", "job_id": f"case{i}", "attempt": 0,
+                          "state": t.job.get("state"), "exit_code": t.job.get("exit_code"),
+                          "signal": t.job.get("signal"), "end_time": None} for i, (_, t, _) in enumerate(cases)],
+                        schema={"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "state": pl.String,
+                                "exit_code": pl.Int32, "signal": pl.Int32, "end_time": pl.Datetime("us", "UTC")})
+    hits = extract_jobs(jobs, ruleset)
+    by_case: dict[tuple[str, str], list[dict]] = {}
+    for row in hits.iter_rows(named=True):
+        by_case.setdefault((row["job_id"], row["rule_id"]), []).append(row)
+    failures = [f for i, (rule, t, ok) in enumerate(cases)
+                for f in _check(rule, t, ok, by_case.get((f"case{i}", rule.id), []))]
+    return len(cases), failures
+
+
 def run_rule_tests(ruleset: Ruleset, only: str | None = None) -> tuple[int, list[TestFailure]]:
-    """Return (number of test cases, failures)."""
+    """Return (number of test cases, failures) over log rules and scheduler-state rules."""
+    n_jobs, job_failures = run_job_rule_tests(ruleset, only)
+    n_logs, log_failures = _run_log_rule_tests(ruleset, only)
+    return n_jobs + n_logs, job_failures + log_failures
+
+
+def _run_log_rule_tests(ruleset: Ruleset, only: str | None = None) -> tuple[int, list[TestFailure]]:
     cases = []
     for rule in ruleset.log_rules:
         if only and not rule.id.startswith(only):
@@ -52,22 +95,6 @@ def run_rule_tests(ruleset: Ruleset, only: str | None = None) -> tuple[int, list
     for row in hits.iter_rows(named=True):  # test harness, not a hot path
         by_case.setdefault((row["file"], row["rule_id"]), []).append(row)
 
-    failures = []
-    for i, (rule, t, should_match) in enumerate(cases):
-        rows = by_case.get((f"case{i}", rule.id), [])
-        if not should_match:
-            if rows:
-                failures.append(TestFailure(rule.id, t.where, t.line, "matched a line it must not match"))
-            continue
-        if not rows:
-            failures.append(TestFailure(rule.id, t.where, t.line, "did not match"))
-            continue
-        row = rows[0]
-        # Captures win over row fields of the same name (a capture `seq` is NCCL's SeqNum, not the line number).
-        caps = {k: v for k, v in json.loads(row["captures"] or "{}").items() if v is not None}
-        got = {**{k: v for k, v in row.items() if k != "captures"}, **caps}
-        for key, want in t.expect.items():
-            have = got.get(key)
-            if (None if have is None else str(have)) != (None if want is None else str(want)):
-                failures.append(TestFailure(rule.id, t.where, t.line, f"{key}: expected {want!r}, got {have!r}"))
+    failures = [f for i, (rule, t, ok) in enumerate(cases)
+                for f in _check(rule, t, ok, by_case.get((f"case{i}", rule.id), []))]
     return len(cases), failures
