@@ -40,7 +40,16 @@ def cmd_rules(args) -> int:
         if missing:
             print(f"no stable rule emits: {', '.join(missing)}", file=sys.stderr)
             return 1
-        print(f"ok: {len(ruleset.rules)} rules, every outcome covered, ruleset {ruleset.version}")
+        from faultline.rules.testing import shadowing
+
+        ties, shadowed = shadowing(ruleset)
+        for line in shadowed:
+            print(f"note: {line}")
+        if ties:
+            print("\n".join(f"tie: {t}" for t in ties), file=sys.stderr)
+            print(f"{len(ties)} test line(s) where rules of equal priority disagree on the outcome", file=sys.stderr)
+            return 1
+        print(f"ok: {len(ruleset.rules)} rules, every outcome covered, no priority ties, ruleset {ruleset.version}")
         return 0
     from faultline.rules.testing import run_rule_tests
 

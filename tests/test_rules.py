@@ -23,6 +23,33 @@ def test_every_rule_has_tests_and_every_outcome_a_stable_rule(ruleset):
     assert not missing
 
 
+def test_no_two_rules_of_equal_priority_disagree_on_a_line(ruleset):
+    from faultline.rules.testing import shadowing
+
+    ties, _ = shadowing(ruleset)
+    assert not ties, "\n".join(ties)
+
+
+def test_job_state_rules_are_tested_like_log_rules(tmp_path):
+    pack = tmp_path / "sched"
+    pack.mkdir()
+    (pack / "j.yaml").write_text(textwrap.dedent("""\
+        rules:
+          - id: site.timeout
+            title: t
+            description: d
+            status: stable
+            match: {job: {states: [TIMEOUT]}}
+            emits: {symptom: s, role: root, domain: scheduler, implicates: none, outcome: scheduler_timelimit}
+            tests:
+              match: [{job: {state: TIMEOUT}, outcome: scheduler_timelimit}, {job: {state: FAILED}}]
+              no_match: [{job: {state: TIMEOUT}}]
+        """))
+    count, failures = run_rule_tests(load_ruleset([tmp_path], builtin=False))
+    assert count == 3
+    assert sorted(f.message for f in failures) == ["did not match", "matched a line it must not match"]
+
+
 def test_ruleset_version_is_a_content_hash(tmp_path):
     pack = tmp_path / "mine"
     pack.mkdir()

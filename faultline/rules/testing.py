@@ -98,3 +98,29 @@ def _run_log_rule_tests(ruleset: Ruleset, only: str | None = None) -> tuple[int,
     failures = [f for i, (rule, t, ok) in enumerate(cases)
                 for f in _check(rule, t, ok, by_case.get((f"case{i}", rule.id), []))]
     return len(cases), failures
+
+
+def shadowing(ruleset: Ruleset) -> tuple[list[str], list[str]]:
+    """Over every rule's own match lines: (ties, shadowed). A tie is a line where rules of equal top
+    priority point to different outcomes (who wins is then an accident); shadowed is a line that a
+    higher-priority rule of another outcome takes away from the rule that lists it."""
+    cases = [(r, t) for r in ruleset.log_rules for t in r.tests_match]
+    if not cases:
+        return [], []
+    frame = pl.DataFrame({"line": [t.line for _, t in cases], "source": [t.source for _, t in cases],
+                          "file": [f"case{i}" for i in range(len(cases))]})
+    frame = parse_lines(frame, year=2024).with_columns(
+        cluster=pl.lit("test"), job_id=pl.col("file"), attempt=pl.lit(0, pl.Int32), seq=pl.lit(0, pl.Int64))
+    hits = extract_logs(frame, ruleset)
+    top = hits.filter(pl.col("priority") == pl.col("priority").max().over("file"))
+    winners: dict[str, list[tuple[str, str]]] = {}
+    for f, rid, outcome in top.select("file", "rule_id", "outcome").iter_rows():
+        winners.setdefault(f, []).append((rid, outcome))
+    ties, shadowed = [], []
+    for i, (rule, t) in enumerate(cases):
+        win = winners.get(f"case{i}", [])
+        if len({o for _, o in win}) > 1:
+            ties.append(f"{t.where} [{rule.id}] tie between {sorted(win)}")
+        elif win and rule.id not in {r for r, _ in win} and win[0][1] != rule.emits.outcome:
+            shadowed.append(f"{t.where} [{rule.id}] taken by {win[0][0]} ({win[0][1]})")
+    return ties, shadowed
