@@ -64,9 +64,28 @@ def _to_ts(date: pl.Expr, clock: pl.Expr, offset: pl.Expr | None = None) -> pl.E
     return ts - pl.duration(minutes=minutes * sign)
 
 
-def parse_lines(lines: pl.DataFrame, *, year: int, file_node: str | None = None,
-                file_rank: int | None = None) -> pl.DataFrame:
-    """Add node, rank, local_rank, gpu and ts columns to a frame with a `line` column."""
+def identity_exprs(file_node: str | None = None, file_rank: int | None = None) -> dict[str, pl.Expr]:
+    """node and rank of a line: all a line needs to be counted as spoken by someone."""
+    line = pl.col("line")
+    node = pl.coalesce(
+        line.str.extract(_SYSLOG, 4),
+        line.str.extract(_JOURNAL, 3),
+        line.str.extract(_UCX),
+        line.str.extract(_KUBECTL),
+        line.str.extract(_NCCL, 1),
+        pl.lit(file_node, dtype=pl.String),
+    )
+    rank = pl.coalesce(
+        line.str.extract(_TORCHRUN_RANK),
+        line.str.extract(_C10D_RANK),
+        line.str.extract(_LABEL),
+        pl.lit(None if file_rank is None else str(file_rank), dtype=pl.String),
+    ).cast(pl.Int32, strict=False)
+    return {"node": node, "rank": rank}
+
+
+def detail_exprs(year: int) -> dict[str, pl.Expr]:
+    """local_rank, gpu and timestamp: needed only for lines that matched a rule."""
     line = pl.col("line")
     yr = pl.lit(f"{year:04d}")
     month = lambda e: e.replace_strict(MONTHS, default=None)  # noqa: E731
@@ -77,8 +96,6 @@ def parse_lines(lines: pl.DataFrame, *, year: int, file_node: str | None = None,
     dmesg_t = line.str.extract_groups(_DMESG_T)
     glog = line.str.extract_groups(_GLOG)
     iso = line.str.extract_groups(_ISO)
-    nccl = line.str.extract_groups(_NCCL)
-
     ts = pl.coalesce(
         _to_ts(pl.concat_str([yr, pl.lit("-"), month(syslog.struct.field("1")), pl.lit("-"),
                               pad2(syslog.struct.field("2"))]), _clock(syslog.struct.field("3"))),
@@ -93,27 +110,17 @@ def parse_lines(lines: pl.DataFrame, *, year: int, file_node: str | None = None,
         pl.from_epoch((line.str.extract(_EPOCH).cast(pl.Float64, strict=False) * 1e6).cast(pl.Int64),
                       time_unit="us").dt.replace_time_zone("UTC"),
     )
-    node = pl.coalesce(
-        syslog.struct.field("4"),
-        journal.struct.field("3"),
-        line.str.extract(_UCX),
-        line.str.extract(_KUBECTL),
-        nccl.struct.field("1"),
-        pl.lit(file_node, dtype=pl.String),
-    )
-    rank = pl.coalesce(
-        line.str.extract(_TORCHRUN_RANK),
-        line.str.extract(_C10D_RANK),
-        line.str.extract(_LABEL),
-        pl.lit(None if file_rank is None else str(file_rank), dtype=pl.String),
-    ).cast(pl.Int32, strict=False)
-    return lines.with_columns(
-        node=node,
-        rank=rank,
-        local_rank=line.str.extract(_TORCHRUN_LOCAL).cast(pl.Int32, strict=False),
-        gpu=nccl.struct.field("2").cast(pl.Int32, strict=False),
-        ts=ts.cast(TS_DTYPE),
-    )
+    return {
+        "local_rank": line.str.extract(_TORCHRUN_LOCAL).cast(pl.Int32, strict=False),
+        "gpu": line.str.extract(_NCCL, 2).cast(pl.Int32, strict=False),
+        "ts": ts.cast(TS_DTYPE),
+    }
+
+
+def parse_lines(lines: pl.DataFrame, *, year: int, file_node: str | None = None,
+                file_rank: int | None = None) -> pl.DataFrame:
+    """Add node, rank, local_rank, gpu and ts columns to a frame with a `line` column."""
+    return lines.with_columns(**identity_exprs(file_node, file_rank), **detail_exprs(year))
 
 
 def year_hint(lines: pl.Series) -> int | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from faultline.collectors import files as filecol
-from faultline.logparse import TS_DTYPE, parse_lines, year_hint
+from faultline.logparse import TS_DTYPE, detail_exprs, identity_exprs, year_hint
 from faultline.rules.decide import DecideConfig, candidates, decide
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_jobs, extract_logs, prefilter_literals
 from faultline.rules.model import Ruleset
@@ -21,7 +21,7 @@ from faultline.rules.report import ReportConfig, build_diagnoses
 from faultline.taxonomy import SOURCES
 
 STATS_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "node": pl.String,
-                "rank": pl.Int32, "lines": pl.Int64, "first_ts": TS_DTYPE, "last_ts": TS_DTYPE}
+                "rank": pl.Int32, "lines": pl.Int64}
 COVERAGE_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "source": pl.String,
                    "status": pl.String, "rows": pl.Int64, "reason": pl.String}
 JOBS_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "state": pl.String,
@@ -39,17 +39,9 @@ class Evidence:
     files: list[filecol.FileReport] = field(default_factory=list)
 
 
-def line_stats(lines: pl.DataFrame) -> pl.DataFrame:
-    """Lines per job x node x rank with first and last timestamps (who spoke, and until when)."""
-    return lines.group_by([*KEY, "node", "rank"]).agg(
-        lines=pl.len().cast(pl.Int64), first_ts=pl.col("ts").min(), last_ts=pl.col("ts").max())
-
-
 def run_phases(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = DecideConfig(),
                report_cfg: ReportConfig = ReportConfig(), diagnosed_at: str | None = None) -> list[dict]:
-    logs = ev.symptoms if "ts_exact" in ev.symptoms.columns else ev.symptoms.with_columns(ts_exact=pl.col("ts"))
-    scheduler = extract_jobs(ev.jobs, ruleset).with_columns(ts_exact=pl.col("ts"))
-    symptoms = pl.concat([logs.select(scheduler.columns), scheduler], how="vertical")
+    symptoms = pl.concat([ev.symptoms, extract_jobs(ev.jobs, ruleset)], how="vertical")
     symptoms = filter_symptoms(symptoms, ev.jobs)
     refined = refine(symptoms, ruleset)
     verdict = decide(refined, ev.stats, ev.jobs, decide_cfg)
@@ -82,36 +74,30 @@ def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job"
         source, node, rank = filecol.hints(path)
         rep = filecol.FileReport(str(path), source, node, rank)
         reports.append(rep)
-        seq0, last_ts = 0, None
+        seq0 = 0
         try:
             for block in filecol.read_blocks(path, rep, block_bytes, max_line):
                 n = block.height
-                lines = parse_lines(block, year=year, file_node=node, file_rank=rank).with_columns(
-                    cluster=pl.lit(cluster), job_id=pl.lit(job_id), attempt=pl.lit(attempt, pl.Int32),
-                    source=pl.lit(source), file=pl.lit(str(path)),
+                # Every line is counted for who spoke; only lines holding a rule literal are parsed in
+                # full and matched. A line's time is the one it carries, or none (never borrowed).
+                lines = block.with_columns(
+                    **identity_exprs(node, rank), cluster=pl.lit(cluster), job_id=pl.lit(job_id),
+                    attempt=pl.lit(attempt, pl.Int32), source=pl.lit(source), file=pl.lit(str(path)),
                     seq=pl.int_range(seq0, seq0 + n, dtype=pl.Int64))
-                # Order evidence by the times the lines carry; a line without one borrows the
-                # previous line's time for display only (ts), never for ordering (ts_exact).
-                lines = lines.with_columns(ts_exact=pl.col("ts"))
-                lines = lines.with_columns(ts=pl.col("ts").forward_fill().fill_null(pl.lit(last_ts, TS_DTYPE)))
-                if lines.height:
-                    last_ts = lines["ts"][-1]
                 seq0 += n
                 rep.lines += n
-                stat_parts.append(line_stats(lines))
-                sym = extract_logs(lines.select(list(LOG_SCHEMA)), ruleset, literals)
-                if sym.height:
-                    exact = lines.select("seq", "ts_exact")
-                    symptom_parts.append(sym.join(exact, on="seq", how="left"))
+                stat_parts.append(lines.group_by([*KEY, "node", "rank"]).agg(lines=pl.len().cast(pl.Int64)))
+                cand = lines.filter(pl.col("line").str.contains_any(literals, ascii_case_insensitive=True))
+                if cand.height:
+                    cand = cand.with_columns(**detail_exprs(year)).select(list(LOG_SCHEMA))
+                    symptom_parts.append(extract_logs(cand, ruleset, literals))
         except filecol.READ_ERRORS as exc:  # unreadable, corrupt archive, ...
             rep.status, rep.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
         if rep.status == "ok" and rep.lines == 0:
             rep.status, rep.reason = "empty", "file has no lines"
-    sym_schema = {**SYMPTOM_SCHEMA, "ts_exact": TS_DTYPE}
-    symptoms = pl.concat(symptom_parts, how="vertical") if symptom_parts else pl.DataFrame(schema=sym_schema)
-    stats = (pl.concat(stat_parts).group_by([*KEY, "node", "rank"]).agg(
-        pl.col("lines").sum(), pl.col("first_ts").min(), pl.col("last_ts").max())
-        if stat_parts else pl.DataFrame(schema=STATS_SCHEMA))
+    symptoms = pl.concat(symptom_parts, how="vertical") if symptom_parts else pl.DataFrame(schema=SYMPTOM_SCHEMA)
+    stats = (pl.concat(stat_parts).group_by([*KEY, "node", "rank"]).agg(pl.col("lines").sum())
+             if stat_parts else pl.DataFrame(schema=STATS_SCHEMA))
     jobs = pl.DataFrame([{**key, "state": state, "exit_code": None, "signal": None,
                           "start_time": None, "end_time": None}], schema=JOBS_SCHEMA)
     return Evidence(jobs=jobs, symptoms=symptoms, stats=stats.cast(STATS_SCHEMA),

@@ -34,10 +34,10 @@ def candidates(active: pl.DataFrame, cfg: DecideConfig) -> pl.DataFrame:
     tol = pl.duration(microseconds=int(cfg.skew_s * 1e6))
     deciding = active.filter(pl.col("tier") == pl.col("tier").min().over(KEY))
     # The row that speaks for each outcome: highest priority, then earliest.
-    ordered = deciding.sort([*KEY, "outcome", "priority", "ts_exact", "file", "seq"],
+    ordered = deciding.sort([*KEY, "outcome", "priority", "ts", "file", "seq"],
                             descending=[False] * 4 + [True, False, False, False], nulls_last=True)
     cand = ordered.group_by([*KEY, "outcome"], maintain_order=True).agg(
-        t=pl.col("ts_exact").min(),
+        t=pl.col("ts").min(),
         p=pl.col("priority").max(),
         n=pl.len(),
         rule_id=pl.col("rule_id").first(),
@@ -67,7 +67,7 @@ def culprits(active: pl.DataFrame, winners: pl.DataFrame, cfg: DecideConfig) -> 
     rows = rows.filter(pl.col("tier") == pl.col("tier").min().over(KEY))
     blamed = rows.filter(pl.col("target_node").is_not_null() | pl.col("target_rank").is_not_null())
     first = blamed.group_by([*KEY, "target_node", "target_rank", "target_gpu"]).agg(
-        t=pl.col("ts_exact").min(), unresolved=pl.col("peer_unresolved").any())
+        t=pl.col("ts").min(), unresolved=pl.col("peer_unresolved").any())
     first = first.join(winners.select(*KEY, t_win="t"), on=KEY).filter(
         pl.col("t").is_null() | pl.col("t_win").is_null() | (pl.col("t") <= pl.col("t_win") + tol))
     return first.group_by(KEY).agg(

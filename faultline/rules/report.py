@@ -37,7 +37,7 @@ def select_evidence(refined: pl.DataFrame, verdict: pl.DataFrame, cfg: ReportCon
         .when((pl.col("outcome") == pl.col("win_outcome")) & (pl.col("role") == "confirmation")).then(1)
         .when(pl.col("role").is_in(["root", "confirmation"])).then(2)
         .when(pl.col("role") == "cascade").then(3).otherwise(4))
-    rows = rows.sort([*KEY, "kind", "ts_exact", "file", "seq"], nulls_last=True)
+    rows = rows.sort([*KEY, "kind", "ts", "file", "seq"], nulls_last=True)
     # One line per (kind, node, symptom) keeps 64 identical timeouts from crowding out the cause.
     rows = rows.unique(subset=[*KEY, "kind", "node", "symptom"], keep="first", maintain_order=True)
     rows = rows.with_columns(n=pl.int_range(pl.len()).over(KEY)).filter(pl.col("n") < cfg.evidence_per_job)
@@ -51,7 +51,7 @@ def candidate_lists(refined: pl.DataFrame, cand: pl.DataFrame) -> pl.DataFrame:
     """For ambiguous jobs: each competing cause with its nodes and its first line."""
     amb = cand.filter(pl.col("ambiguous") & ((pl.col("rank_in_job") == 1) | pl.col("close")))
     first_line = (refined.filter(pl.col("superseded_by").is_null())
-                  .sort([*KEY, "ts_exact", "file", "seq"], nulls_last=True)
+                  .sort([*KEY, "ts", "file", "seq"], nulls_last=True)
                   .group_by([*KEY, "outcome", "role"], maintain_order=True)
                   .agg(pl.struct(EVIDENCE_COLS).first().alias("first")))
     amb = amb.join(first_line, on=[*KEY, "outcome", "role"], how="left")
