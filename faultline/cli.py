@@ -102,6 +102,91 @@ def cmd_demo(args) -> int:
     return run_demo(_ruleset(args), Path(args.data_dir))
 
 
+def cmd_sql(args) -> int:
+    from faultline.warehouse.store import QueryError, Warehouse, WarehouseError
+
+    root = Path(args.data_dir) / "warehouse"
+    try:
+        wh = Warehouse(root, create=False)
+        df = wh.sql(args.query, limit=args.limit + 1 if args.limit and args.limit > 0 else None)
+    except QueryError as exc:
+        print(f"faultline: SQL error: {exc}", file=sys.stderr)
+        return 2
+    except WarehouseError as exc:
+        print(f"faultline: {exc}", file=sys.stderr)
+        return 2
+    truncated = bool(args.limit and args.limit > 0 and df.height > args.limit)
+    if truncated:
+        df = df.head(args.limit)
+    print(_format_frame(df, args.format))
+    if truncated:
+        print(f"faultline: showing the first {args.limit} rows (--limit)", file=sys.stderr)
+    return 0
+
+
+def _format_frame(df, fmt: str) -> str:
+    import polars as pl
+
+    def plain(v):
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v.isoformat() if hasattr(v, "isoformat") else v
+
+    if fmt == "json":
+        return json.dumps([plain(r) for r in df.to_dicts()], default=str)
+    if fmt == "csv":
+        nested = [c for c, t in df.schema.items() if t.is_nested()]
+        if nested:  # CSV has no lists: write them as JSON text
+            df = df.with_columns(pl.col(c).map_elements(lambda v: json.dumps(plain(v.to_list() if hasattr(v, "to_list") else v), default=str),
+                                                        return_dtype=pl.String) for c in nested)
+        return df.write_csv().rstrip("\n")
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=120, fmt_table_cell_list_len=8,
+                   tbl_width_chars=65_000, tbl_hide_dataframe_shape=True):
+        return f"{df}\n({df.height} row{'s' if df.height != 1 else ''})"
+
+
+def cmd_flow(args) -> int:
+    from faultline.flows.env import configure_prefect
+
+    configure_prefect(args.data_dir)
+    from faultline.flows import flows
+
+    common = {"data_dir": args.data_dir}
+    if args.flow == "collect":
+        out = flows.collect(start=args.start, end=args.end, **common)
+    elif args.flow == "diagnose":
+        out = flows.diagnose(start=args.start, end=args.end, rules=args.rules, **common)
+    elif args.flow == "report":
+        out = flows.report(day=args.day, days=args.days, **common)
+    elif args.flow == "job":
+        if not (args.cluster and args.job_id):
+            print("faultline: flow job needs --cluster and --job-id", file=sys.stderr)
+            return 2
+        out = flows.diagnose_job(cluster=args.cluster, job_id=args.job_id, **common)
+    else:
+        if not args.rules:
+            print("faultline: flow backtest needs --rules DIR (the candidate packs)", file=sys.stderr)
+            return 2
+        out = flows.backtest(candidate_rules=args.rules, start=args.start, end=args.end,
+                             builtin=not args.no_builtin, **common)
+    print(json.dumps(out, default=str, indent=1))
+    return 0
+
+
+def cmd_serve_flows(args) -> int:
+    from faultline.flows.env import configure_prefect
+
+    configure_prefect(args.data_dir)
+    from prefect import serve
+
+    from faultline.flows.deployments import build_all
+
+    serve(*build_all({"data_dir": args.data_dir}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultline", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -127,6 +212,23 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--rules", action="append", help="extra rule pack folder (repeatable)")
     ev.set_defaults(func=cmd_eval)
 
+    fl = sub.add_parser("flow", help="run one fleet flow through Prefect (ephemeral unless a server is configured)")
+    fl.add_argument("flow", choices=["collect", "diagnose", "report", "job", "backtest"])
+    fl.add_argument("--data-dir", default="data")
+    fl.add_argument("--start", help="window start (ISO time, UTC); default: 10 minutes before --end")
+    fl.add_argument("--end", help="window end (ISO time, UTC); default: now")
+    fl.add_argument("--day", help="report: the last day of the report (default yesterday)")
+    fl.add_argument("--days", type=int, default=7, help="report: how many days")
+    fl.add_argument("--cluster")
+    fl.add_argument("--job-id")
+    fl.add_argument("--rules", action="append", help="diagnose/backtest: extra or candidate rule pack folder")
+    fl.add_argument("--no-builtin", action="store_true", help="backtest: the candidate is only the --rules packs")
+    fl.set_defaults(func=cmd_flow)
+
+    sv = sub.add_parser("serve-flows", help="serve the deployments of prefect.yaml (schedules, event trigger)")
+    sv.add_argument("--data-dir", default="data")
+    sv.set_defaults(func=cmd_serve_flows)
+
     rules = sub.add_parser("rules", help="list, test and lint the rule packs")
     rules.add_argument("rules_cmd", choices=["list", "test", "lint"])
     rules.add_argument("--rules", action="append", help="extra rule pack folder (repeatable)")
@@ -134,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     rules.add_argument("--pack", help="list: only this pack")
     rules.add_argument("--only", help="test: only rules whose id starts with this")
     rules.set_defaults(func=cmd_rules)
+
+    sql = sub.add_parser("sql", help="ad hoc SQL (DuckDB) over the warehouse tables")
+    sql.add_argument("query", help='e.g. "SELECT outcome, count(*) FROM diagnoses GROUP BY 1"')
+    sql.add_argument("--data-dir", default="data", help="the warehouse is <data-dir>/warehouse")
+    sql.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    sql.add_argument("--limit", type=int, default=1000, help="print at most this many rows (0: all)")
+    sql.set_defaults(func=cmd_sql)
     return parser
 
 

@@ -39,8 +39,15 @@ class Evidence:
     files: list[filecol.FileReport] = field(default_factory=list)
 
 
-def run_phases(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = DecideConfig(),
-               report_cfg: ReportConfig = ReportConfig(), diagnosed_at: str | None = None) -> list[dict]:
+@dataclass
+class Result:
+    diagnoses: list[dict]
+    symptoms: pl.DataFrame  # after filter and refine: what the symptoms table stores
+
+
+def run_engine(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = DecideConfig(),
+               report_cfg: ReportConfig = ReportConfig(), diagnosed_at: str | None = None) -> Result:
+    """extract (scheduler rows) -> filter -> refine -> decide -> report, for every job of `ev` at once."""
     symptoms = pl.concat([ev.symptoms, extract_jobs(ev.jobs, ruleset)], how="vertical")
     symptoms = filter_symptoms(symptoms, ev.jobs)
     refined = refine(symptoms, ruleset)
@@ -48,7 +55,13 @@ def run_phases(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = Decide
     active = refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context"))
     cand = candidates(active, decide_cfg)
     meta = {"version": ruleset.version, "packs": list(ruleset.packs)}
-    return build_diagnoses(verdict, refined, cand, ev.stats, ev.coverage, meta, report_cfg, diagnosed_at)
+    diagnoses = build_diagnoses(verdict, refined, cand, ev.stats, ev.coverage, meta, report_cfg, diagnosed_at)
+    return Result(diagnoses, refined)
+
+
+def run_phases(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = DecideConfig(),
+               report_cfg: ReportConfig = ReportConfig(), diagnosed_at: str | None = None) -> list[dict]:
+    return run_engine(ev, ruleset, decide_cfg, report_cfg, diagnosed_at).diagnoses
 
 
 def _job_year(paths: list[Path]) -> int:

@@ -1,0 +1,125 @@
+"""Collector: Slurm accounting (`sacct -P`) -> jobs and allocations frames.
+
+The parser is pure and reads what `sacct -a -P -X -D --format=...` prints; the fetcher
+either runs sacct or reads saved output (the simulator writes the same text).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+
+from faultline.warehouse.schema import TABLES
+
+SACCT_FIELDS = ("JobID", "JobName", "User", "Partition", "State", "ExitCode", "Submit", "Start", "End",
+                "NNodes", "NodeList", "AllocTRES")
+
+# Slurm's states -> DESIGN.md's normalized states (DEADLINE is a time limit, BOOT_FAIL a lost node).
+STATE_MAP = {
+    "COMPLETED": "COMPLETED", "FAILED": "FAILED", "TIMEOUT": "TIMEOUT", "DEADLINE": "TIMEOUT",
+    "NODE_FAIL": "NODE_FAIL", "BOOT_FAIL": "NODE_FAIL", "OUT_OF_MEMORY": "OUT_OF_MEMORY",
+    "CANCELLED": "CANCELLED", "PREEMPTED": "PREEMPTED", "REQUEUED": "PREEMPTED", "RUNNING": "RUNNING",
+    "PENDING": "PENDING", "SUSPENDED": "RUNNING", "REVOKED": "CANCELLED", "SPECIAL_EXIT": "FAILED",
+}
+_RANGE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """`gpu[001-003,007],login1` -> ['gpu001', 'gpu002', 'gpu003', 'gpu007', 'login1'] (Slurm hostlist syntax)."""
+    if not expr or expr in ("None assigned", "(null)"):
+        return []
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", expr):
+        m = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, body, rest = m.groups()
+        for item in body.split(","):
+            r = _RANGE.match(item)
+            if r:
+                lo, hi = r.groups()
+                width = len(lo)
+                for n in range(int(lo), int(hi) + 1):
+                    hosts += [f"{prefix}{n:0{width}d}{h}" for h in (expand_hostlist(rest) if "[" in rest else [rest])]
+            else:
+                hosts += [f"{prefix}{item}{h}" for h in (expand_hostlist(rest) if "[" in rest else [rest])]
+    return hosts
+
+
+def _ts(col: str) -> pl.Expr:
+    # sacct prints local time without zone; clusters are expected to run in UTC (SLURM_TIME_FORMAT).
+    return (pl.col(col).replace({"Unknown": None, "None": None, "": None})
+            .str.to_datetime("%Y-%m-%dT%H:%M:%S", strict=False, time_unit="us").dt.replace_time_zone("UTC"))
+
+
+def parse_sacct(text: str, cluster: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`sacct -P` text with a header row -> (jobs, allocations) per the warehouse schema."""
+    rows = [ln.split("|") for ln in text.splitlines() if ln.strip()]
+    if not rows:
+        return pl.DataFrame(schema=TABLES["jobs"]), pl.DataFrame(schema=TABLES["allocations"])
+    header, body = rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
+    raw = pl.DataFrame(body, schema=header, orient="row")
+    missing = [f for f in ("JobID", "State", "ExitCode", "End", "NodeList") if f not in raw.columns]
+    if missing:
+        raise ValueError(f"sacct output lacks fields {missing}; run sacct with --format={','.join(SACCT_FIELDS)}")
+    for f in SACCT_FIELDS:
+        if f not in raw.columns:
+            raw = raw.with_columns(pl.lit(None, pl.String).alias(f))
+    # Only allocations (no `.batch`/`.0` steps); a requeued job shows the same id again: later rows are
+    # later attempts.
+    raw = raw.filter(~pl.col("JobID").str.contains(r"\."))
+    raw = raw.with_columns(attempt=(pl.int_range(pl.len()).over("JobID")).cast(pl.Int32))
+    state_word = pl.col("State").str.extract(r"^([A-Z_]+)")
+    gpus = pl.col("AllocTRES").str.extract(r"gres/gpu=(\d+)").cast(pl.Int32, strict=False)
+    jobs = raw.select(
+        cluster=pl.lit(cluster), job_id=pl.col("JobID"), attempt="attempt", scheduler=pl.lit("slurm"),
+        name=pl.col("JobName"), user=pl.col("User"), queue=pl.col("Partition"),
+        state=state_word.replace_strict(STATE_MAP, default="UNKNOWN"), raw_state=pl.col("State"),
+        exit_code=pl.col("ExitCode").str.extract(r"^(\d+)").cast(pl.Int32, strict=False),
+        signal=pl.col("ExitCode").str.extract(r":(\d+)$").cast(pl.Int32, strict=False),
+        submit_time=_ts("Submit"), start_time=_ts("Start"), end_time=_ts("End"),
+        num_nodes=pl.col("NNodes").cast(pl.Int32, strict=False), num_gpus=gpus,
+        nodes=pl.col("NodeList").map_elements(expand_hostlist, return_dtype=pl.List(pl.String)),
+    )
+    allocations = (jobs.select("cluster", "job_id", "attempt", "nodes", "num_gpus", "num_nodes")
+                   .explode("nodes").drop_nulls("nodes")
+                   .select("cluster", "job_id", "attempt", node=pl.col("nodes"),
+                           ranks=pl.lit(None, pl.List(pl.Int32)),
+                           gpus=(pl.col("num_gpus") // pl.col("num_nodes").clip(1)).cast(pl.Int32)))
+    return jobs.cast(TABLES["jobs"]), allocations.cast(TABLES["allocations"])
+
+
+def run_sacct(start: datetime, end: datetime, sacct: str = "sacct", timeout: float = 120) -> str:
+    """Jobs that ended in [start, end) on this cluster, from the real sacct."""
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    cmd = [sacct, "-a", "-P", "-X", "-D", f"--format={','.join(SACCT_FIELDS)}", "--state=CA,CD,F,NF,OOM,PR,TO,DL,BF",
+           "-S", start.astimezone(timezone.utc).strftime(fmt), "-E", end.astimezone(timezone.utc).strftime(fmt)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"sacct failed ({out.returncode}): {out.stderr.strip()[:300]}")
+    return out.stdout
+
+
+def run_sacct_job(job_id: str, sacct: str = "sacct", timeout: float = 60) -> str:
+    """One job's allocation rows (all attempts) from the real sacct."""
+    cmd = [sacct, "-P", "-X", "-D", f"--format={','.join(SACCT_FIELDS)}", "-j", job_id]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"sacct failed ({out.returncode}): {out.stderr.strip()[:300]}")
+    return out.stdout
+
+
+def read_sacct_files(root: Path, cluster: str, days: list[str]) -> str:
+    """Saved sacct output, one file per day (`<root>/<cluster>/sacct/<day>.txt`), as one text."""
+    texts = []
+    for day in days:
+        p = root / cluster / "sacct" / f"{day}.txt"
+        if p.is_file():
+            lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+            texts.append(lines if not texts else lines[1:])  # one header
+    return "\n".join(line for chunk in texts for line in chunk)

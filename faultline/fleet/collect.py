@@ -1,0 +1,116 @@
+"""Collect one cluster x window: finished jobs from the scheduler, logs of the failed ones,
+parsed and written to the warehouse with a coverage record per job and source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+
+from faultline.collectors import loki, slurm
+from faultline.fleet.config import ClusterConfig
+from faultline.logparse import detail_exprs, identity_exprs
+from faultline.taxonomy import FAILED_STATES, SOURCES
+from faultline.warehouse.schema import JOB_KEY, TABLES
+
+LOG_SOURCES = ("applog", "syslog")
+
+
+@dataclass
+class Collected:
+    jobs: pl.DataFrame
+    allocations: pl.DataFrame
+    logs: pl.DataFrame
+    coverage: pl.DataFrame
+    errors: list[str]
+
+
+def days_between(start: datetime, end: datetime) -> list[str]:
+    d, out = start.date(), []
+    while d <= end.date():
+        out.append(d.isoformat())
+        d += timedelta(days=1)
+    return out
+
+
+def scheduler_jobs(cluster: ClusterConfig, start: datetime, end: datetime) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Job attempts that ended in [start, end), with their allocations."""
+    kind = cluster.scheduler["kind"]
+    if kind == "sacct_files":
+        text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(start, end))
+    else:
+        text = slurm.run_sacct(start, end, cluster.scheduler.get("command", "sacct"))
+    jobs, allocs = slurm.parse_sacct(text, cluster.name)
+    jobs = jobs.filter((pl.col("end_time") >= start) & (pl.col("end_time") < end))
+    allocs = allocs.join(jobs.select(JOB_KEY), on=JOB_KEY, how="semi")
+    return jobs, allocs
+
+
+def fetch_logs(cluster: ClusterConfig, failed: pl.DataFrame) -> pl.DataFrame:
+    """Raw lines of the failed jobs (Loki exports are filed by the day the job ended)."""
+    if cluster.logs is None or failed.height == 0:
+        return pl.DataFrame(schema=loki.RAW_SCHEMA)
+    root = Path(cluster.logs["path"]) / cluster.name / "loki"
+    days = sorted(failed.select(pl.col("end_time").dt.date().cast(pl.String)).unique().to_series().to_list())
+    wanted = set(failed["job_id"].to_list())
+    parts = [loki.read_export(root / f"{d}.jsonl", cluster.name, wanted) for d in days
+             if (root / f"{d}.jsonl").is_file()]
+    raw = pl.concat(parts) if parts else pl.DataFrame(schema=loki.RAW_SCHEMA)
+    return raw.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi")
+
+
+def parse_logs(raw: pl.DataFrame, year: int) -> pl.DataFrame:
+    """Raw lines -> the logs table: node from labels unless the line names one, rank, GPU, and the
+    line's own time when it carries one (else Loki's receive time)."""
+    if raw.height == 0:
+        return pl.DataFrame(schema=TABLES["logs"])
+    seq = loki.with_sequence(raw)
+    ident = identity_exprs()
+    detail = detail_exprs(year)
+    out = seq.with_columns(
+        node=pl.coalesce(ident["node"], pl.col("node")), rank=ident["rank"],
+        local_rank=detail["local_rank"], gpu=detail["gpu"], ts=pl.coalesce(detail["ts"], pl.col("ts")))
+    return out.select(list(TABLES["logs"]))
+
+
+def coverage_rows(cluster: ClusterConfig, failed: pl.DataFrame, logs: pl.DataFrame,
+                  errors: dict[str, str]) -> pl.DataFrame:
+    """One row per failed job and source: ok / empty / error (why) / not_configured."""
+    counts = logs.group_by([*JOB_KEY, "source"]).agg(rows=pl.len().cast(pl.Int64))
+    grid = failed.select(JOB_KEY).join(pl.DataFrame({"source": list(SOURCES)}), how="cross")
+    grid = grid.join(counts, on=[*JOB_KEY, "source"], how="left").with_columns(pl.col("rows").fill_null(0))
+    configured = {"scheduler"} | (set(LOG_SOURCES) if cluster.logs else set())
+    status = (pl.when(pl.col("source") == "scheduler").then(pl.lit("ok"))
+              .when(~pl.col("source").is_in(list(configured))).then(pl.lit("not_configured"))
+              .when(pl.lit(bool(errors.get("logs")))).then(pl.lit("error"))
+              .when(pl.col("rows") > 0).then(pl.lit("ok")).otherwise(pl.lit("empty")))
+    reason = (pl.when(pl.col("source") == "scheduler").then(pl.lit("sacct"))
+              .when(~pl.col("source").is_in(list(configured))).then(pl.lit("no source configured"))
+              .when(pl.lit(bool(errors.get("logs")))).then(pl.lit(errors.get("logs", "")))
+              .when(pl.col("rows") == 0).then(pl.lit("no lines for this job"))
+              .otherwise(pl.lit("")))
+    return grid.select(*JOB_KEY, "source", status=status, rows=pl.col("rows").cast(pl.Int64), reason=reason)
+
+
+def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime) -> Collected:
+    """Everything one cluster says about the jobs that ended in [start, end). A source that fails is
+    recorded (coverage error) and the others still land."""
+    errors: dict[str, str] = {}
+    jobs, allocs = scheduler_jobs(cluster, start, end)
+    failed = jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
+    try:
+        raw = fetch_logs(cluster, failed)
+    except (OSError, ValueError) as exc:  # unreadable export, Loki garbage
+        errors["logs"] = f"{type(exc).__name__}: {exc}"[:300]
+        raw = pl.DataFrame(schema=loki.RAW_SCHEMA)
+    logs = parse_logs(raw, start.year)
+    coverage = coverage_rows(cluster, failed, logs, errors)
+    return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()])
+
+
+def with_job_date(frame: pl.DataFrame, jobs: pl.DataFrame) -> pl.DataFrame:
+    """Partition column for job-keyed tables: the UTC day the job ended."""
+    dates = jobs.select(*JOB_KEY, date=pl.col("end_time").dt.date())
+    return frame.join(dates, on=JOB_KEY, how="left", maintain_order="left")

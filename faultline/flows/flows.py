@@ -1,0 +1,110 @@
+"""The flows of DESIGN.md, thin: collect -> load -> evaluate -> write back.
+
+collect       jobs that ended in a window, their logs and coverage, per cluster x day partition
+diagnose      every failed job of a window at once, per cluster x day partition
+report        trend tables, one self-contained HTML report, a Prefect markdown artifact
+diagnose_job  one job, on a `faultline.job.failed` event, the API or the CLI
+backtest      a candidate ruleset over a past window: which verdicts would change
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+
+import polars as pl
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from faultline.flows import tasks
+from faultline.fleet.config import load_config
+
+
+def _utc(t: datetime | str | None, default: datetime) -> datetime:
+    if t is None:
+        return default
+    t = datetime.fromisoformat(t) if isinstance(t, str) else t
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _window(start, end, minutes: int = 10) -> tuple[datetime, datetime]:
+    now = datetime.now(timezone.utc).replace(second=0, microsecond=0)
+    end_t = _utc(end, now)
+    return _utc(start, end_t - timedelta(minutes=minutes)), end_t
+
+
+@flow(name="collect", log_prints=True)
+def collect(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None) -> list[dict]:
+    """Pull jobs that ended in [start, end) (default: the last 10 minutes) and their telemetry."""
+    s, e = _window(start, end)
+    cfg = load_config(Path(data_dir))
+    parts = [(c.name, a, b) for c in cfg.clusters for a, b in tasks.partitions(s, e)]
+    futures = tasks.collect_partition.map([data_dir] * len(parts), [p[0] for p in parts],
+                                          [p[1] for p in parts], [p[2] for p in parts])
+    return [f.result() for f in futures]
+
+
+@flow(name="diagnose", log_prints=True)
+def diagnose(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None,
+             rules: list[str] | None = None) -> list[dict]:
+    """Diagnose every failed job that ended in [start, end) (default: the last 10 minutes)."""
+    s, e = _window(start, end)
+    cfg = load_config(Path(data_dir))
+    parts = [(c.name, a, b) for c in cfg.clusters for a, b in tasks.partitions(s, e)]
+    futures = tasks.diagnose_partition.map([data_dir] * len(parts), [p[0] for p in parts],
+                                           [p[1] for p in parts], [p[2] for p in parts],
+                                           [rules] * len(parts))
+    return [f.result() for f in futures]
+
+
+@flow(name="report", log_prints=True)
+def report(data_dir: str = "data", day: date | None = None, days: int = 7, lemon_k: int = 3) -> str:
+    """Trend tables and the HTML report over the `days` up to `day` (default: yesterday and before)."""
+    from faultline.fleet.reporting import build_report
+
+    end_day = day or (datetime.now(timezone.utc).date() - timedelta(days=1))
+    cfg = load_config(Path(data_dir))
+    ruleset = tasks.ruleset_for(data_dir)
+    out = build_report(cfg, end_day - timedelta(days=days - 1), end_day, ruleset.version, lemon_k)
+    create_markdown_artifact(key="faultline-report", markdown=out.markdown,
+                             description=f"faultline fleet report {out.start} .. {out.end}")
+    get_run_logger().info("report written to %s", out.html_path)
+    return str(out.html_path)
+
+
+@flow(name="diagnose_job", log_prints=True)
+def diagnose_job(cluster: str, job_id: str, data_dir: str = "data") -> dict:
+    """One job (triggered by a `faultline.job.failed` event): collect it and diagnose it."""
+    from faultline.fleet.single import diagnose_one
+
+    cfg = load_config(Path(data_dir))
+    d = diagnose_one(cfg, cluster, job_id, tasks.ruleset_for(data_dir))
+    create_markdown_artifact(key=f"diagnosis-{cluster}-{job_id}".lower().replace("_", "-")[:60],
+                             markdown=f"**{d['outcome']}** ({d['confidence']}): {d['root_cause']}")
+    return d
+
+
+@flow(name="backtest", log_prints=True)
+def backtest(candidate_rules: list[str], data_dir: str = "data", start: datetime | None = None,
+             end: datetime | None = None, builtin: bool = True) -> list[dict]:
+    """Re-run a candidate ruleset over [start, end) and list the jobs whose verdict would change."""
+    s, e = _window(start, end, minutes=24 * 60)
+    baseline = tasks.ruleset_for(data_dir)
+    candidate = tasks.ruleset_for(data_dir, candidate_rules, builtin)
+    cfg = load_config(Path(data_dir))
+    parts = [(c.name, a, b) for c in cfg.clusters for a, b in tasks.partitions(s, e)]
+    # The candidate's verdicts land beside the baseline's (diagnoses are keyed by ruleset version).
+    futures = tasks.diagnose_partition.map([data_dir] * len(parts), [p[0] for p in parts], [p[1] for p in parts],
+                                           [p[2] for p in parts], [list(candidate_rules)] * len(parts),
+                                           [builtin] * len(parts))
+    [f.result() for f in futures]
+    old = tasks.load_diagnoses.fn(data_dir, s.date(), e.date(), baseline.version)
+    new = tasks.load_diagnoses.fn(data_dir, s.date(), e.date(), candidate.version)
+    window = lambda f: f.filter((pl.col("end_time") >= s) & (pl.col("end_time") < e))  # noqa: E731
+    changes = tasks.compare(window(old), window(new))
+    rows = changes.select("cluster", "job_id", "attempt", "outcome", "outcome_new",
+                          pl.col("culprit_nodes").list.join(","), pl.col("culprit_nodes_new").list.join(","),
+                          "ambiguous", "ambiguous_new").to_dicts()
+    create_table_artifact(key="faultline-backtest", table=rows or [{"changes": 0}],
+                          description=f"{baseline.version} -> {candidate.version}: {len(rows)} verdict(s) change")
+    return changes.to_dicts()
