@@ -1,3 +1,12 @@
+import os
+import tempfile
+
+# Prefect reads its settings at import: a private home, no analytics (they lock SQLite), patience.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="faultline-prefect-"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
 from pathlib import Path
 
 import pytest

@@ -37,7 +37,7 @@ def build_report(cfg: FleetConfig, start: date, end: date, ruleset: str | None =
     if outcome_day.height:
         wh.write("trends_outcome_day", outcome_day, batch)
     generated = datetime.now(timezone.utc)
-    html = report_html.render_report(diagnoses, node_day=node_day, outcome_day=outcome_day, lemons=lemons,
+    html = report_html.render_report(diagnoses, outcome_day=outcome_day, lemons=lemons,
                                      generated_at=generated, lemon_window_days=days, lemon_k=lemon_k)
     path = report_html.write_report(cfg.reports_dir / f"faultline-report-{end.isoformat()}.html", html)
     markdown = report_html.render_markdown(diagnoses, lemons=lemons, report_path=path, generated_at=generated,

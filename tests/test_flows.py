@@ -1,0 +1,97 @@
+"""The flows under real Prefect orchestration (one temporary server for the module), and the
+deployments of prefect.yaml, including the event trigger that starts `diagnose_job`."""
+
+import asyncio
+import time
+
+import pytest
+
+from .fleet_fixture import END, START, make_fleet
+
+prefect = pytest.importorskip("prefect")
+
+
+def test_every_deployment_of_prefect_yaml_loads():
+    from faultline.flows.deployments import build_all, read_deployments
+
+    deployments = build_all({"data_dir": "/tmp/x"})
+    names = {d.name for d in deployments}
+    assert names == {d["name"] for d in read_deployments()} == {
+        "collect-every-10m", "diagnose-every-10m", "report-nightly", "diagnose-job-on-failure", "backtest"}
+    by_name = {d.name: d for d in deployments}
+    assert by_name["collect-every-10m"].schedules[0].schedule.interval.total_seconds() == 600
+    assert by_name["report-nightly"].schedules[0].schedule.cron == "30 2 * * *"
+    trigger = by_name["diagnose-job-on-failure"].triggers[0]
+    assert trigger.expect == {"faultline.job.failed"}
+    assert set(trigger.parameters) == {"cluster", "job_id"}
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180), temporary_settings(
+            {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
+
+
+def test_collect_diagnose_report_through_prefect(tmp_path, harness):
+    from faultline.flows import flows
+    from faultline.warehouse.store import Warehouse
+
+    data = str(make_fleet(tmp_path))
+    for _ in range(2):  # a re-run of the same window changes nothing
+        collected = flows.collect(data_dir=data, start=START, end=END)
+        diagnosed = flows.diagnose(data_dir=data, start=START, end=END)
+    assert collected[0]["jobs"] == 4 and collected[0]["failed"] == 3
+    assert diagnosed[0]["diagnosed"] == 3
+    wh = Warehouse(tmp_path / "data" / "warehouse")
+    assert wh.sql("SELECT count(*) n FROM diagnoses_all")["n"][0] == 3
+    html_path = flows.report(data_dir=data, day=END.date(), days=2)
+    html = open(html_path, encoding="utf-8").read()
+    assert "gpu_hardware" in html and "gpu001" in html and "<script src" not in html
+    assert wh.read("trends_node_day").filter(wh.read("trends_node_day")["node"] == "gpu001")["times_culprit"][0] == 1
+
+
+def test_a_failed_job_event_starts_diagnose_job(tmp_path, harness):
+    from prefect.client.orchestration import get_client
+    from prefect.events import emit_event
+    from prefect.runner import Runner
+
+    from faultline.flows.deployments import build, read_deployments
+    from faultline.warehouse.store import Warehouse
+
+    data = make_fleet(tmp_path)
+    spec = next(d for d in read_deployments() if d["name"] == "diagnose-job-on-failure")
+    deployment = build(spec, {"data_dir": str(data)})
+    deployment_id = deployment.apply()  # creates the automation behind the trigger
+    time.sleep(1)
+    emit_event(event="faultline.job.failed", resource={"prefect.resource.id": "faultline.job.alpha.1001"},
+               payload={"cluster": "alpha", "job_id": "1001"})
+
+    async def runs_of_deployment():
+        async with get_client() as client:
+            for _ in range(90):
+                runs = [r for r in await client.read_flow_runs() if r.deployment_id == deployment_id]
+                if runs:
+                    return runs
+                await asyncio.sleep(1)
+        return []
+
+    runs = asyncio.run(runs_of_deployment())
+    assert len(runs) == 1
+    assert runs[0].parameters == {"data_dir": str(data), "cluster": "alpha", "job_id": "1001"}
+
+    runner = Runner(limit=1)
+    runner.add_deployment(deployment)
+    asyncio.run(runner.start(run_once=True))  # executes the scheduled run
+
+    async def final_state():
+        async with get_client() as client:
+            return (await client.read_flow_run(runs[0].id)).state.type.value
+
+    assert asyncio.run(final_state()) == "COMPLETED"
+    d = Warehouse(tmp_path / "data" / "warehouse").read("diagnoses")
+    assert d["job_id"].to_list() == ["1001"] and d["outcome"][0] == "gpu_hardware"
+    assert d["culprit_nodes"].to_list() == [["gpu001"]]
