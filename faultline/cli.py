@@ -187,6 +187,21 @@ def cmd_serve_flows(args) -> int:
     return 0
 
 
+def cmd_simulate(args) -> int:
+    from faultline.simulate import SimConfig, export_cases, simulate
+
+    cfg = SimConfig(jobs=args.jobs, days=args.days, clusters=args.clusters, seed=args.seed, start=args.start)
+    if args.export_cases:
+        export_cases(Path(args.export_cases), cfg, args.limit)
+        if args.out is None:
+            return 0
+    out = Path(args.out or "sim")
+    summary = simulate(out, cfg)
+    print(f"faultline simulate: {summary['jobs']} job attempts ({summary['failed']} failed), "
+          f"{summary['lines']} log lines, {summary['node_events']} node events in {summary['seconds']} s -> {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultline", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -228,6 +243,17 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve-flows", help="serve the deployments of prefect.yaml (schedules, event trigger)")
     sv.add_argument("--data-dir", default="data")
     sv.set_defaults(func=cmd_serve_flows)
+
+    sim = sub.add_parser("simulate", help="write a synthetic fleet with injected faults (docs/fleet.md)")
+    sim.add_argument("--out", help="output folder (default: sim; with --export-cases only if given)")
+    sim.add_argument("--jobs", type=int, default=5000, help="number of jobs (before requeues)")
+    sim.add_argument("--days", type=int, default=14, help="days the jobs are submitted over")
+    sim.add_argument("--clusters", type=int, default=2)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--start", default="2025-03-03", help="first day (YYYY-MM-DD, UTC)")
+    sim.add_argument("--export-cases", metavar="DIR", help="write failed jobs as case folders for `faultline eval`")
+    sim.add_argument("--limit", type=int, default=40, help="--export-cases: number of failed jobs")
+    sim.set_defaults(func=cmd_simulate)
 
     rules = sub.add_parser("rules", help="list, test and lint the rule packs")
     rules.add_argument("rules_cmd", choices=["list", "test", "lint"])

@@ -78,8 +78,7 @@ def evaluate(root: Path, ruleset: Ruleset) -> list[CaseResult]:
     results = []
     for case in case_dirs(root):
         truth = yaml.safe_load((case / TRUTH).read_text(encoding="utf-8")) or {}
-        logs = sorted(p for p in case.iterdir() if p.is_file() and p.name != TRUTH and not p.name.startswith("."))
-        d = diagnose_files(logs, ruleset, job_id=case.name, cluster="eval", state=truth.get("state", "UNKNOWN"))
+        d = diagnose_files([case], ruleset, job_id=case.name, cluster="eval", state=truth.get("state", "UNKNOWN"))
         results.append(score_case(case.name, truth, d))
     return results
 

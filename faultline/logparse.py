@@ -4,7 +4,7 @@ Pure Polars over a frame of lines; no Python loop over lines. What cannot be
 inferred stays null: a node is never guessed.
 
 Prefixes understood (they may be stacked, e.g. `0: [default0]:[rank0]:[E321 ...]`):
-  srun --label           `12: `                         -> rank (Slurm task id)
+  pdsh / DeepSpeed       `worker-1: ` / `[hgx-b17] `      -> node (host-like names only)
   torchrun               `[rank3]:` / `[default3]:`     -> rank / local_rank
   PyTorch c10d           `[Rank 3]`, `[PG 0 Rank 3]`    -> rank (default group only)
   NCCL                   `host:pid:tid [gpu] NCCL ...`  -> node, gpu
@@ -24,7 +24,14 @@ import polars as pl
 MONTHS = {m: f"{i:02d}" for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
 
-_LABEL = r"^\s*(\d{1,6}): "
+# srun --label's `12: ` is a Slurm task id: the global rank with one task per GPU, the node index
+# with one torchrun per node. Which one cannot be told from the line, so it is not read as a rank.
+# Host names that prefix lines (pdsh, DeepSpeed, wrappers) count only when they look like cluster
+# hosts: a known host word and a digit, so `RuntimeError: ` is never a node.
+HOST_WORD = r"(?:node|host|gpu|worker|compute|dgx|hgx|srv|server|hpc|cn|nid|ip|n|a100|h100|h200|b200|gb200|trn|p4d|p5)"
+_HOSTNAME = HOST_WORD + r"[\-_]?[A-Za-z0-9]*\d[A-Za-z0-9]*(?:[\-.][A-Za-z0-9]+)*"
+_PDSH = r"^(?i:(" + _HOSTNAME + r")): "
+_BRACKET_HOST = r"^\[(?i:(" + _HOSTNAME + r"))\] "
 _TORCHRUN_RANK = r"\[rank(\d{1,6})\]:"
 _TORCHRUN_LOCAL = r"\[(?:default|trainer|worker)(\d{1,4})\]:"
 # Only the default process group's rank is the global rank; `[PG 3 Rank 1]` is local to a subgroup.
@@ -72,13 +79,14 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None) -
         line.str.extract(_JOURNAL, 3),
         line.str.extract(_UCX),
         line.str.extract(_KUBECTL),
+        line.str.extract(_PDSH),
+        line.str.extract(_BRACKET_HOST),
         line.str.extract(_NCCL, 1),
         pl.lit(file_node, dtype=pl.String),
     )
     rank = pl.coalesce(
         line.str.extract(_TORCHRUN_RANK),
         line.str.extract(_C10D_RANK),
-        line.str.extract(_LABEL),
         pl.lit(None if file_rank is None else str(file_rank), dtype=pl.String),
     ).cast(pl.Int32, strict=False)
     return {"node": node, "rank": rank}

@@ -18,7 +18,11 @@ def utc(*a) -> datetime:
 @pytest.mark.parametrize("line,node,rank,local_rank,gpu", [
     ("[rank3]: Traceback (most recent call last):", None, 3, None, None),
     ("[default5]:[rank13]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] x", None, 13, 5, None),
-    ("12: [default3]:I0510 07:28:04.417845 1398 distributed_c10d.py:337] Waiting", None, 12, 3, None),
+    ("12: [default3]:I0510 07:28:04.417845 1398 distributed_c10d.py:337] Waiting", None, None, 3, None),
+    ("worker-1: RuntimeError: CUDA out of memory.", "worker-1", None, None, None),
+    ("[hgx-b17] [rank8]: RuntimeError: CUDA error: system not yet initialized", "hgx-b17", 8, None, None),
+    ("RuntimeError: CUDA out of memory.", None, None, None, None),
+    ("Traceback: something", None, None, None, None),
     ("gpu-17:34050:34121 [3] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : port error",
      "gpu-17", None, None, 3),
     ("[n125-011-039:288505:0:296459] Caught signal 11 (Segmentation fault: address not mapped)",
@@ -71,6 +75,7 @@ def test_file_level_hints_fill_gaps_but_lines_win():
     ("x/node07/kern.log", "syslog", "node07", None),
     ("big100.log", "applog", None, None),  # digits alone do not make a host name
     ("notes.log", "applog", None, None),
+    ("gpu-r2-14.dmesg", "syslog", "gpu-r2-14", None),
     ("ip-10-0-0-7.log", "applog", "ip-10-0-0-7", None),
 ])
 def test_file_name_hints(path, source, node, rank):

@@ -37,7 +37,8 @@ _HOSTLIKE = re.compile(
 _NOT_HOST = re.compile(
     r"(?i)^(?:slurm|job|log|logs|out|output|stdout|stderr|err|train|training|run|dmesg|syslog|kern|messages|journal|"
     r"events|describe|case|rank|nccl|torch|python|test|tmp|data)(?:[\-_.]?\d*)?$")
-_SUFFIXES = (".log", ".out", ".err", ".txt", ".gz", ".bz2", ".xz")
+_SUFFIXES = (".log", ".out", ".err", ".txt", ".gz", ".bz2", ".xz", ".dmesg", ".syslog", ".kern", ".journal")
+SKIPPED_NAMES = ("truth.yaml",)  # labels of evaluation cases, not evidence
 
 
 @dataclass
@@ -75,7 +76,7 @@ def expand(paths: list[str | Path]) -> tuple[list[Path], list[FileReport]]:
     missing: list[FileReport] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and not any(
+            files += sorted(f for f in p.rglob("*") if f.is_file() and f.name not in SKIPPED_NAMES and not any(
                 part.startswith(".") for part in f.relative_to(p).parts))
         elif p.is_file():
             files.append(p)
@@ -97,7 +98,8 @@ def _stem(name: str) -> str:
 def hints(path: Path) -> tuple[str, str | None, int | None]:
     """(source, node, rank) suggested by a file's name and its folder; None where nothing is said."""
     stem = _stem(path.name)
-    source = "syslog" if _SYSLOG_NAMES.search(stem) else ("k8s_event" if _K8S_EVENT_NAMES.search(stem) else "applog")
+    source = ("syslog" if _SYSLOG_NAMES.search(path.name)
+              else ("k8s_event" if _K8S_EVENT_NAMES.search(stem) else "applog"))
     m = _RANK_NAME.search(stem)
     rank = int(m.group(1)) if m else None
     node = None

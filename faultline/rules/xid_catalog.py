@@ -37,7 +37,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-COLUMNS = ("key", "symptom", "role", "domain", "implicates", "outcome", "summary", "action", "priority", "title")
+COLUMNS = ("key", "symptom", "role", "domain", "implicates", "outcome", "summary", "action", "priority", "title",
+           "supersedes")
+
+# What a hardware Xid explains when it is in the same job: the CUDA/NCCL errors its victims print
+# and the PCIe noise around a GPU that left the bus. They are consequences, not competing causes.
+_GPU_CONSEQUENCES = ("cuda_launch_failure cuda_illegal_memory_access cuda_unknown_error cuda_error "
+                     "nccl_unhandled_cuda_error nccl_cuda_failure")
+SUPERSEDES: dict[str, str] = {
+    "gpu_fallen_off_bus": f"pcie_aer_fatal cuda_no_device {_GPU_CONSEQUENCES}",
+    "gpu_pcie_fatal": f"pcie_aer_fatal {_GPU_CONSEQUENCES}",
+    "gpu_uncorrectable_memory": f"cuda_ecc_error {_GPU_CONSEQUENCES}",
+    "gpu_row_remap_failure": f"cuda_ecc_error {_GPU_CONSEQUENCES}",
+    "nvlink_error": f"cuda_nvlink_error {_GPU_CONSEQUENCES}",
+}
 
 
 @dataclass(frozen=True)
@@ -306,6 +319,7 @@ def table_row(row: CatalogRow) -> dict[str, str]:
         "action": action,
         "priority": str(cls.priority),
         "title": f"Xid {row.code} {row.mnemonic}: {row.description}",
+        "supersedes": SUPERSEDES.get(cls.symptom, "") if cls.role == "root" else "",
     }
 
 
