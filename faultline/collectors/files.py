@@ -19,6 +19,8 @@ from typing import Iterator
 
 import polars as pl
 
+from faultline.logparse import HOST_WORD_LONG, HOST_WORD_SHORT
+
 # What reading a damaged or unreadable file can raise; each is recorded, never fatal.
 READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)
 BLOCK_BYTES = 16 << 20
@@ -31,12 +33,11 @@ _K8S_EVENT_NAMES = re.compile(r"(?i)(events|describe)")
 _RANK_NAME = re.compile(r"(?i)(?:^|[_.\-])rank[_\-]?(\d{1,6})(?:$|[_.\-])")
 # A file or folder named like a host (node-a, gpu017, dgx-b200-12, ip-10-0-0-7.ec2): a node. Only
 # names that start the way cluster hosts are named count; anything else stays unknown.
-_HOSTLIKE = re.compile(
-    r"(?i)^(?:(?:node|host|gpu|worker|compute|dgx|hgx|srv|server|hpc)[\-_]?[A-Za-z0-9]*"
-    r"|(?:cn|nid|ip|n)-?\d[A-Za-z0-9]*)(?:[\-.][A-Za-z0-9]+)*$")
+_HOSTLIKE = re.compile(r"(?i)^(?:" + HOST_WORD_LONG + r"[\-_]?[A-Za-z0-9]*|" + HOST_WORD_SHORT
+                       + r"-?\d[A-Za-z0-9]*)(?:[\-.][A-Za-z0-9]+)*$")
 _NOT_HOST = re.compile(
     r"(?i)^(?:slurm|job|log|logs|out|output|stdout|stderr|err|train|training|run|dmesg|syslog|kern|messages|journal|"
-    r"events|describe|case|rank|nccl|torch|python|test|tmp|data)(?:[\-_.]?\d*)?$")
+    r"events|describe|case|rank|nccl|torch|python|test|tmp|data|hostfile|hosts|hostname|nodes|nodelist)(?:[\-_.]?\d*)?$")
 _SUFFIXES = (".log", ".out", ".err", ".txt", ".gz", ".bz2", ".xz", ".dmesg", ".syslog", ".kern", ".journal")
 SKIPPED_NAMES = ("truth.yaml",)  # labels of evaluation cases, not evidence
 

@@ -107,6 +107,18 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
         silent_seen=pl.col("seen").list.set_difference("reporting").list.sort(),
         silent_unseen=pl.col("expected").list.set_difference(pl.col("seen").list.concat("reporting")).list.sort(),
     )
+    # Ranks sit on nodes in contiguous blocks (node_rank * ranks_per_node + local_rank): a silent
+    # rank inside the block of a node that kept logging lives on a node that is up, so it hung.
+    blocks = (stats.filter(pl.col("node").is_not_null() & pl.col("rank").is_not_null())
+              .group_by([*KEY, "node"]).agg(lo=pl.col("rank").min(), hi=pl.col("rank").max()))
+    covered = (out.select(*KEY, r=pl.col("silent_unseen")).explode("r").drop_nulls("r")
+               .join(blocks, on=KEY).filter((pl.col("r") >= pl.col("lo")) & (pl.col("r") <= pl.col("hi")))
+               .group_by(KEY).agg(covered=pl.col("r").unique()))
+    out = out.join(covered, on=KEY, how="left").with_columns(
+        pl.col("covered").fill_null(pl.lit([], pl.List(pl.Int32))))
+    out = out.with_columns(
+        silent_seen=pl.col("silent_seen").list.concat("covered").list.unique().list.sort(),
+        silent_unseen=pl.col("silent_unseen").list.set_difference("covered").list.sort())
     return out.join(lag, on=KEY, how="left").select(
         *KEY, "silent_seen", "silent_unseen",
         laggards=pl.col("laggards").fill_null(pl.lit([], pl.List(pl.Int32))))
@@ -158,10 +170,30 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         # A rank that printed nothing at all may sit on a dead node: say so, don't choose.
         ambiguous=pl.col("ambiguous") | (pl.col("inference") == "silent_unseen").fill_null(False),
     )
-    no_fault = pl.col("outcome").is_null()
-    completed = pl.col("state") == "COMPLETED"
+    # Teardown lines (exit codes, SIGTERMs, step cancels) say the job died, never why.
+    teardown_only = pl.col("role") == "teardown"
     verdict = verdict.with_columns(
-        outcome=pl.when(no_fault & (completed | (pl.col("state") == "UNKNOWN"))).then(pl.lit("healthy"))
+        outcome=pl.when(teardown_only).then(None).otherwise(pl.col("outcome")),
+        ambiguous=pl.col("ambiguous") & ~teardown_only.fill_null(False),
+    )
+    # The scheduler's COMPLETED is the last word on whether the job failed: whatever the lines
+    # say, they were not fatal. They stay as evidence, but nobody is blamed.
+    completed = pl.col("state") == "COMPLETED"
+    verdict = verdict.with_columns(survived=completed & pl.col("outcome").is_not_null())
+    empty_s = pl.lit([], pl.List(pl.String))
+    verdict = verdict.with_columns(
+        outcome=pl.when(completed).then(None).otherwise(pl.col("outcome")),
+        role=pl.when(completed).then(None).otherwise(pl.col("role")),
+        ambiguous=pl.col("ambiguous") & ~completed,
+        inference=pl.when(completed).then(None).otherwise(pl.col("inference")),
+        culprit_nodes=pl.when(completed).then(empty_s).otherwise(pl.col("culprit_nodes")),
+        culprit_ranks=pl.when(completed).then(empty_i).otherwise(pl.col("culprit_ranks")),
+        culprit_gpus=pl.when(completed).then(empty_i).otherwise(pl.col("culprit_gpus")),
+    )
+    no_fault = pl.col("outcome").is_null()
+    verdict = verdict.with_columns(
+        outcome=pl.when(no_fault & pl.col("role").is_null() & (completed | (pl.col("state") == "UNKNOWN")))
+        .then(pl.lit("healthy"))
         .when(no_fault).then(pl.lit("unknown")).otherwise(pl.col("outcome")),
         domain=pl.when(no_fault).then(pl.lit("unknown")).otherwise(pl.col("domain")),
     )
@@ -198,8 +230,12 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
         pl.when(pl.col("role").is_null() & (pl.col("state") == "UNKNOWN"))
         .then(pl.lit("no scheduler state and no failure signature in the logs")),
-        pl.when(pl.col("role").is_null() & (pl.col("state") == "COMPLETED")).then(pl.lit("the job completed")),
+        pl.when(pl.col("role").is_null() & (pl.col("state") == "COMPLETED")).then(
+            pl.when(pl.col("survived")).then(pl.lit("the job completed: the failure-like lines it printed were not fatal"))
+            .otherwise(pl.lit("the job completed"))),
         pl.when(pl.col("role").is_null() & ~pl.col("state").is_in(["UNKNOWN", "COMPLETED"]))
         .then(pl.lit("the job failed but no rule names a cause")),
+        pl.when((pl.col("role") == "teardown") & pl.col("outcome").is_in(["unknown"]))
+        .then(pl.lit("the job was torn down; no line says why")),
     ]
     return pl.concat_list(parts).list.drop_nulls().list.join("; ")

@@ -25,7 +25,7 @@ SYMPTOM_SCHEMA = {
     "cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32,
     "rule_id": pl.String, "symptom": pl.String, "role": pl.String, "domain": pl.String,
     "implicates": pl.String, "outcome": pl.String, "priority": pl.Int32, "action": pl.String,
-    "summary": pl.String, "peer": pl.String, "address": pl.String,
+    "summary": pl.String, "peer": pl.String, "address": pl.String, "peer_rank": pl.String,
     "node": pl.String, "rank": pl.Int32, "local_rank": pl.Int32, "gpu": pl.Int32,
     "source": pl.String, "file": pl.String, "seq": pl.Int64, "ts": TS_DTYPE, "line": pl.String,
     "captures": pl.String,
@@ -58,6 +58,7 @@ def _rule_frame(rule: Rule, hits: pl.DataFrame) -> pl.DataFrame:
         action=pl.lit(rule.action), summary=pl.lit(e.summary),
         peer=pl.col(f"cap_{e.peer}") if e.peer else pl.lit(None, pl.String),
         address=pl.col(f"cap_{e.address}") if e.address else pl.lit(None, pl.String),
+        peer_rank=pl.col(f"cap_{e.peer_rank}") if e.peer_rank else pl.lit(None, pl.String),
         captures=captures_json,
     )
     # A capture named like a line field says more than the prefix: it is in the message itself.
@@ -136,7 +137,7 @@ def extract_jobs(jobs: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
             *KEY, rule_id=pl.lit(rule.id), symptom=pl.lit(e.symptom), role=pl.lit(e.role),
             domain=pl.lit(e.domain), implicates=pl.lit(e.implicates), outcome=pl.lit(e.outcome),
             priority=pl.lit(rule.priority, pl.Int32), action=pl.lit(rule.action), summary=pl.lit(e.summary),
-            peer=pl.lit(None, pl.String), address=pl.lit(None, pl.String),
+            peer=pl.lit(None, pl.String), address=pl.lit(None, pl.String), peer_rank=pl.lit(None, pl.String),
             node=pl.lit(None, pl.String), rank=pl.lit(None, pl.Int32), local_rank=pl.lit(None, pl.Int32),
             gpu=pl.lit(None, pl.Int32), source=pl.lit("scheduler"), file=pl.lit("scheduler"),
             seq=pl.lit(0, pl.Int64), ts=pl.col("end_time").cast(TS_DTYPE),

@@ -23,7 +23,7 @@ _GROUP_NAME = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
 _TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Captures the engine gives meaning to; any other name is kept as plain evidence.
 LINE_FIELDS = ("node", "rank", "local_rank", "gpu")
-_EMIT_FIELDS = ("symptom", "role", "domain", "implicates", "outcome", "summary", "peer", "address")
+_EMIT_FIELDS = ("symptom", "role", "domain", "implicates", "outcome", "summary", "peer", "address", "peer_rank")
 # `title` documents a row; `supersedes` (space-separated) makes the row's symptom supersede them.
 _LOOKUP_FIELDS = _EMIT_FIELDS + ("action", "priority", "title", "supersedes")
 
@@ -181,8 +181,11 @@ class _Builder:
                 self.bad(where, f"emits.{key} {values[key]!r} not in {allowed}")
         if not re.fullmatch(r"[a-z0-9_]+", values["symptom"]):
             self.bad(where, "emits.symptom must be snake_case")
-        if values["implicates"] == "peer" and values["peer"] not in captures:
-            self.bad(where, "emits.implicates=peer needs emits.peer naming a capture of the regex")
+        if values["implicates"] == "peer" and values["peer"] not in captures and values["peer_rank"] not in captures:
+            self.bad(where, "emits.implicates=peer needs emits.peer (or emits.peer_rank) naming a capture of the regex")
+        for key in ("peer", "peer_rank"):
+            if values[key] and values[key] not in captures:
+                self.bad(where, f"emits.{key} {values[key]!r} is not a capture of the regex")
         if values["address"] and values["address"] not in captures:
             self.bad(where, f"emits.address {values['address']!r} is not a capture of the regex")
         for name in _TEMPLATE_FIELD.findall(values["summary"]):

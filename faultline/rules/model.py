@@ -34,6 +34,7 @@ class Emits:
     summary: str = ""  # root-cause sentence template; {name} are captures
     peer: str = ""  # capture naming the implicated peer (address or host) when implicates=peer
     address: str = ""  # capture holding an address that belongs to the line's node (address map)
+    peer_rank: str = ""  # capture naming the implicated rank(s) when implicates=peer (e.g. a desync report)
 
 
 @dataclass(frozen=True)

@@ -92,13 +92,18 @@ def resolve_peers(symptoms: pl.DataFrame) -> pl.DataFrame:
 
 def refine(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
     out = resolve_peers(supersede(symptoms, ruleset))
+    # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
+    named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(pl.element().cast(pl.Int32))
+    out = out.with_columns(_named=pl.when(pl.col("implicates") == "peer").then(named)).explode("_named")
     return out.with_columns(
+        target_rank=pl.when(pl.col("implicates") == "self").then(pl.col("rank"))
+        .when(pl.col("implicates") == "peer").then(pl.col("_named")).otherwise(None),
+    ).drop("_named").with_columns(
         tier=pl.col("role").replace_strict(ROLE_TIER, return_dtype=pl.Int8),
         # Who a row blames: the printer (self), the resolved peer, or nobody.
         target_node=pl.when(pl.col("implicates") == "self").then(pl.col("node"))
         .when(pl.col("implicates") == "peer").then(pl.coalesce("peer_node", pl.col("peer").str.replace(r"<\d+>$", "")))
         .otherwise(None),
-        target_rank=pl.when(pl.col("implicates") == "self").then(pl.col("rank")).otherwise(None),
         target_gpu=pl.when(pl.col("implicates") == "self").then(pl.col("gpu")).otherwise(None),
-        peer_unresolved=(pl.col("implicates") == "peer") & pl.col("peer_node").is_null(),
+        peer_unresolved=(pl.col("implicates") == "peer") & pl.col("peer").is_not_null() & pl.col("peer_node").is_null(),
     )

@@ -146,7 +146,10 @@ def build_diagnoses(verdict: pl.DataFrame, refined: pl.DataFrame, cand: pl.DataF
     for row in table.iter_rows(named=True):  # shaping the final, per-job JSON objects
         culprit = {"nodes": row["culprit_nodes"], "ranks": row["culprit_ranks"], "gpus": row["culprit_gpus"]}
         if row["ambiguous"]:
-            culprit = {"nodes": [], "ranks": [], "gpus": []}
+            # Unsure of the cause; sure of the place only if every candidate names the same node(s).
+            places = {tuple(c["nodes"] or ()) for c in row["candidates"] or []}
+            agreed = list(places.pop()) if len(places) == 1 and row["inference"] != "silent_unseen" else []
+            culprit = {"nodes": agreed, "ranks": [], "gpus": []}
         nodes = sorted(set(row["all_nodes"] or []) | set(row["sym_nodes"] or []))
         ranks = sorted(set(row["all_ranks"] or []) | set(row["sym_ranks"] or []))
         v = {

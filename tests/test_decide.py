@@ -1,0 +1,62 @@
+"""Decide-phase behaviours beyond the worked examples, each from a small realistic log."""
+
+from faultline.pipeline import diagnose_files
+
+from .test_worked_examples import watchdog
+
+NOBODY = {"nodes": [], "ranks": [], "gpus": []}
+
+
+def test_teardown_alone_says_failed_but_not_why(write, ruleset):
+    p = write("slurm-1.out",
+              "srun: error: gpu-p03: task 2: Exited with exit code 255",
+              "slurmstepd: error: *** STEP 120331.0 ON gpu-p01 CANCELLED AT 2025-01-14T09:13:12 ***",
+              "srun: error: gpu-p01: task 0: Terminated")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "unknown" and not d["ambiguous"]
+    assert d["culprit"] == NOBODY and d["recommended_action"]["action"] == "human_review"
+
+
+def test_a_completed_job_is_healthy_whatever_it_printed(write, ruleset):
+    p = write("train.log", "[rank0]: Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__>",
+              "[rank0]: AttributeError: 'NoneType' object has no attribute 'join'")
+    assert diagnose_files([p], ruleset)["outcome"] == "user_code_error"  # without the scheduler's word
+    d = diagnose_files([p], ruleset, state="COMPLETED")
+    assert d["outcome"] == "healthy" and d["culprit"] == NOBODY
+    assert "not fatal" in d["confidence_reason"]
+    assert d["evidence"]  # the lines stay visible
+
+
+def test_desync_report_blames_the_ranks_it_names_not_its_printer(write, ruleset):
+    lines = [watchdog(r, "03:00:00") for r in range(8)]
+    lines += ["[rank0]:[E321 03:00:01.1 ProcessGroupNCCL.cpp:1400] [PG 0 Rank 0]  - To our best knowledge, the "
+              "lagging/dead/mismatched ranks that caused the desync are:",
+              "[rank0]:[E321 03:00:01.1 ProcessGroupNCCL.cpp:1400]    - [5] joined but didn't finish collective "
+              "#2811 (count from 1)"]
+    d = diagnose_files([write("train.log", *lines)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang"
+    assert d["culprit"]["ranks"] == [5] and 0 not in d["culprit"]["ranks"]
+
+
+def test_a_silent_rank_on_a_node_that_kept_logging_hung(write, ruleset, tmp_path):
+    for n, node in enumerate(["trn-a01", "trn-a02"]):
+        ranks = range(8 * n, 8 * n + 8)
+        write(f"{node}/train.log", *[f"[rank{r}]: step 48000 loss 1.9" for r in ranks if r != 13],
+              *[watchdog(r, "05:00:00", 48211) for r in ranks if r != 13])
+    d = diagnose_files([tmp_path], ruleset)
+    # rank 13 never printed, but it sits in trn-a02's block (8-15) and trn-a02 kept logging
+    assert d["outcome"] == "nccl_timeout_hang" and not d["ambiguous"]
+    assert d["culprit"]["ranks"] == [13] and d["confidence"] == "medium"
+
+
+def test_when_every_candidate_names_the_same_node_the_node_stays(write, ruleset, tmp_path):
+    write("gpu-07/dmesg.log",
+          "[Thu Mar 21 10:02:00 2024] NVRM: Xid (PCI:0000:3b:00): 74, pid=1912, name=python, NVLink: fatal error "
+          "detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+          "[Thu Mar 21 10:02:01 2024] mce: [Hardware Error]: Machine check events logged",
+          "[Thu Mar 21 10:02:01 2024] mce: [Hardware Error]: CPU 12: Machine Check: 0 Bank 5: be00000000800400 "
+          "Fatal uncorrected error")
+    d = diagnose_files([tmp_path], ruleset)
+    # NVLink fault or machine check: whichever cause, the place is the same node.
+    assert d["culprit"]["nodes"] == ["gpu-07"]
+    assert d["ambiguous"] is (d["recommended_action"]["action"] == "human_review")
