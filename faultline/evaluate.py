@@ -114,3 +114,46 @@ def confusion_table(results: list[CaseResult]) -> dict[str, dict[str, int]]:
         table.setdefault(r.truth_outcome, {}).setdefault(r.outcome, 0)
         table[r.truth_outcome][r.outcome] += 1
     return table
+
+
+def fleet_scores(diagnoses: "pl.DataFrame", truth: "pl.DataFrame") -> dict:
+    """Verdicts of the warehouse against a simulator's truth table, vectorized over all jobs.
+
+    culprit right: some predicted culprit node is a true culprit node (or, with no true nodes, a
+    predicted rank is a true rank); wrong blame: a confident (high/medium) culprit node that is not a
+    true culprit node, or any culprit on a job whose truth is healthy."""
+    import polars as pl
+
+    key = ["cluster", "job_id", "attempt"]
+    t = truth.select(*key, t_outcome="outcome", t_nodes="culprit_nodes", t_ranks="culprit_ranks")
+    j = diagnoses.select(*key, "outcome", "culprit_nodes", "culprit_ranks", "confidence", "ambiguous").join(
+        t, on=key, how="inner")
+    hit_node = pl.col("culprit_nodes").list.set_intersection("t_nodes").list.len() > 0
+    hit_rank = pl.col("culprit_ranks").list.set_intersection("t_ranks").list.len() > 0
+    has_truth = (pl.col("t_nodes").list.len() > 0) | (pl.col("t_ranks").list.len() > 0)
+    confident = pl.col("confidence").is_in(["high", "medium"])
+    blamed_nodes = pl.col("culprit_nodes").list.len() > 0
+    j = j.with_columns(
+        outcome_right=pl.col("outcome") == pl.col("t_outcome"),
+        culprit_right=pl.when(has_truth).then(hit_node | ((pl.col("t_nodes").list.len() == 0) & hit_rank)),
+        wrong_blame=(blamed_nodes & confident & ~pl.col("culprit_nodes").list.set_intersection("t_nodes")
+                     .list.len().gt(0) & (pl.col("t_nodes").list.len() > 0))
+        | ((pl.col("t_outcome") == "healthy") & (blamed_nodes | (pl.col("culprit_ranks").list.len() > 0))),
+    )
+    conf = (j.filter(~pl.col("outcome_right")).group_by("t_outcome", "outcome").len()
+            .sort("len", descending=True))
+    per_outcome = (j.group_by("t_outcome").agg(jobs=pl.len(), right=pl.col("outcome_right").sum())
+                   .sort("jobs", descending=True))
+    with_culprit = j.filter(pl.col("culprit_right").is_not_null())
+    return {
+        "jobs": j.height,
+        "outcome_right": int(j["outcome_right"].sum()),
+        "culprit_cases": with_culprit.height,
+        "culprit_right": int(with_culprit["culprit_right"].sum()),
+        "wrong_blames": int(j["wrong_blame"].sum()),
+        "ambiguous": int(j["ambiguous"].sum()),
+        "confusions": conf.rows(),
+        "per_outcome": per_outcome.rows(),
+        "wrong_blame_jobs": j.filter(pl.col("wrong_blame")).select(*key, "outcome", "t_outcome",
+                                                                     "culprit_nodes", "t_nodes").rows(),
+    }
