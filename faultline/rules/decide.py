@@ -170,6 +170,21 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         # A rank that printed nothing at all may sit on a dead node: say so, don't choose.
         ambiguous=pl.col("ambiguous") | (pl.col("inference") == "silent_unseen").fill_null(False),
     )
+    # A cause every node (or rank) reports is not in one place: NaN after the all-reduce, a missing
+    # module on every rank, a switch under both nodes. Naming them all would blame the whole job.
+    spread = stats.group_by(KEY).agg(n_nodes=pl.col("node").drop_nulls().n_unique(),
+                                     n_ranks=pl.col("rank").drop_nulls().n_unique())
+    verdict = verdict.join(spread, on=KEY, how="left")
+    n_cul_nodes, n_cul_ranks = pl.col("culprit_nodes").list.len(), pl.col("culprit_ranks").list.len()
+    everywhere = (pl.when(n_cul_nodes == 1).then(False)  # one node is one place, however many ranks
+                  .when(n_cul_ranks > 0).then((n_cul_ranks >= 2) & (n_cul_ranks * 2 >= pl.col("n_ranks").fill_null(0)))
+                  .otherwise((n_cul_nodes >= 3) & (n_cul_nodes * 2 >= pl.col("n_nodes").fill_null(0))))
+    verdict = verdict.with_columns(widespread=everywhere & pl.col("inference").is_null())
+    verdict = verdict.with_columns(
+        culprit_nodes=pl.when(pl.col("widespread")).then(pl.lit([], pl.List(pl.String))).otherwise("culprit_nodes"),
+        culprit_ranks=pl.when(pl.col("widespread")).then(empty_i).otherwise("culprit_ranks"),
+        culprit_gpus=pl.when(pl.col("widespread")).then(empty_i).otherwise("culprit_gpus"),
+    )
     # Teardown lines (exit codes, SIGTERMs, step cancels) say the job died, never why.
     teardown_only = pl.col("role") == "teardown"
     verdict = verdict.with_columns(
@@ -228,6 +243,7 @@ def _confidence_reason() -> pl.Expr:
             pl.lit("the only rank not reporting printed nothing at all: hang or lost node")),
         pl.when(pl.col("inference") == "laggard").then(pl.lit("culprit inferred: lowest last completed collective")),
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
+        pl.when(pl.col("widespread")).then(pl.lit("most nodes or ranks report it: the cause is not in one place")),
         pl.when(pl.col("role").is_null() & (pl.col("state") == "UNKNOWN"))
         .then(pl.lit("no scheduler state and no failure signature in the logs")),
         pl.when(pl.col("role").is_null() & (pl.col("state") == "COMPLETED")).then(
