@@ -97,9 +97,11 @@ def cmd_eval(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from faultline.demo import run_demo
+    from faultline.demo import run_demo, run_fleet_demo
 
-    return run_demo(_ruleset(args), Path(args.data_dir))
+    if args.scenarios:
+        return run_demo(_ruleset(args), Path(args.data_dir))
+    return run_fleet_demo(Path(args.data_dir), jobs=args.jobs, days=args.days, seed=args.seed)
 
 
 def cmd_sql(args) -> int:
@@ -206,8 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultline", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    demo = sub.add_parser("demo", help="diagnose built-in failure scenarios end to end")
+    demo = sub.add_parser("demo", help="simulate a fleet and run collect -> diagnose -> report through Prefect")
     demo.add_argument("--data-dir", default="data", help="where the demo writes its jobs and diagnoses")
+    demo.add_argument("--jobs", type=int, default=3000)
+    demo.add_argument("--days", type=int, default=3)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--scenarios", action="store_true", help="only the worked examples, without Prefect")
     demo.add_argument("--rules", action="append", help="extra rule pack folder (repeatable)")
     demo.set_defaults(func=cmd_demo)
 

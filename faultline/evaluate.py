@@ -119,13 +119,17 @@ def confusion_table(results: list[CaseResult]) -> dict[str, dict[str, int]]:
 def fleet_scores(diagnoses: "pl.DataFrame", truth: "pl.DataFrame") -> dict:
     """Verdicts of the warehouse against a simulator's truth table, vectorized over all jobs.
 
-    culprit right: some predicted culprit node is a true culprit node (or, with no true nodes, a
-    predicted rank is a true rank); wrong blame: a confident (high/medium) culprit node that is not a
+    culprit right: some predicted culprit node is a true culprit node or hosts a true culprit rank (or,
+    with no true nodes, a predicted rank is a true rank); wrong blame: a confident (high/medium) culprit node that is not a
     true culprit node, or any culprit on a job whose truth is healthy."""
     import polars as pl
 
     key = ["cluster", "job_id", "attempt"]
-    t = truth.select(*key, t_outcome="outcome", t_nodes="culprit_nodes", t_ranks="culprit_ranks")
+    # A culprit rank's node is the right place too (the simulator records it as culprit_rank_nodes).
+    rank_nodes = (pl.col("culprit_rank_nodes") if "culprit_rank_nodes" in truth.columns
+                  else pl.lit([], pl.List(pl.String)))
+    t = truth.select(*key, t_outcome="outcome", t_nodes=pl.col("culprit_nodes").list.concat(rank_nodes).list.unique(),
+                     t_ranks="culprit_ranks")
     j = diagnoses.select(*key, "outcome", "culprit_nodes", "culprit_ranks", "confidence", "ambiguous").join(
         t, on=key, how="inner")
     hit_node = pl.col("culprit_nodes").list.set_intersection("t_nodes").list.len() > 0

@@ -9,6 +9,8 @@ Prefixes understood (they may be stacked, e.g. `0: [default0]:[rank0]:[E321 ...]
   PyTorch c10d           `[Rank 3]`, `[PG 0 Rank 3]`    -> rank (default group only)
   NCCL                   `host:pid:tid [gpu] NCCL ...`  -> node, gpu
   UCX                    `[host:pid:x:tid]`             -> node
+  Open MPI --tag-output  `[1,5]<stderr>:`               -> rank
+  Ray                    `(Worker pid=4471, ip=10.0.5.12)` -> node (its IP)
   kubectl --prefix       `[pod/name/container] `        -> node (the pod's hostname)
   syslog / journal       `Jun  9 11:49:36 host kernel:` / `2024-06-09T11:49:36+0000 host kernel:`
   dmesg -T               `[Sun Jun  9 11:49:36 2024]`
@@ -39,7 +41,9 @@ _TORCHRUN_LOCAL = r"\[(?:default|trainer|worker)(\d{1,4})\]:"
 # Only the default process group's rank is the global rank; `[PG 3 Rank 1]` is local to a subgroup.
 _C10D_RANK = r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d{1,6})\]"
 _NCCL = r"(?:^|[\s:\]])([A-Za-z0-9.\-_]*[A-Za-z0-9]):\d+:\d+ \[(\d{1,2})\] "
-_UCX = r"^\s*\[([A-Za-z0-9][A-Za-z0-9.\-]*):\d+:\d+:\d+\]"
+_MPI_TAG = r"^\[\d+,(\d+)\]<std(?:out|err)>:"
+_UCX = r"^(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*\[([A-Za-z0-9][A-Za-z0-9.\-]*):\d+:\d+:\d+\]"
+_RAY = r"^\(\w+ pid=\d+, ip=(\d{1,3}(?:\.\d{1,3}){3})\)"
 _KUBECTL = r"^\[pod/([a-z0-9][a-z0-9.\-]*)/[^\]]+\] "
 _SYSLOG = (r"^(?:<\d+>)?([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?) "
            r"([A-Za-z0-9][A-Za-z0-9.\-]*) (?:kernel|[A-Za-z0-9_.\-/]+\[\d+\]):")
@@ -80,6 +84,7 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None) -
         line.str.extract(_SYSLOG, 4),
         line.str.extract(_JOURNAL, 3),
         line.str.extract(_UCX),
+        line.str.extract(_RAY),
         line.str.extract(_KUBECTL),
         line.str.extract(_PDSH),
         line.str.extract(_BRACKET_HOST),
@@ -89,6 +94,7 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None) -
     rank = pl.coalesce(
         line.str.extract(_TORCHRUN_RANK),
         line.str.extract(_C10D_RANK),
+        line.str.extract(_MPI_TAG),
         pl.lit(None if file_rank is None else str(file_rank), dtype=pl.String),
     ).cast(pl.Int32, strict=False)
     return {"node": node, "rank": rank}
