@@ -95,3 +95,37 @@ def test_a_failed_job_event_starts_diagnose_job(tmp_path, harness):
     d = Warehouse(tmp_path / "data" / "warehouse").read("diagnoses")
     assert d["job_id"].to_list() == ["1001"] and d["outcome"][0] == "gpu_hardware"
     assert d["culprit_nodes"].to_list() == [["gpu001"]]
+
+
+CANDIDATE = """\
+rules:
+  - id: python.module_not_found
+    title: Missing module, read as a user code error (candidate)
+    status: stable
+    description: A candidate that files missing modules under user code errors.
+    match:
+      log:
+        literals: ["No module named"]
+        regex: "ModuleNotFoundError: No module named '(?P<module>[^']+)'"
+    emits: {symptom: module_not_found, role: root, domain: workload, implicates: self, outcome: user_code_error}
+    priority: 70
+    tests:
+      match: ["ModuleNotFoundError: No module named 'flash_attn'"]
+"""
+
+
+def test_backtest_lists_the_verdicts_a_candidate_ruleset_would_change(tmp_path, harness):
+    from faultline.flows import flows
+    from faultline.warehouse.store import Warehouse
+
+    data = str(make_fleet(tmp_path))
+    flows.collect(data_dir=data, start=START, end=END)
+    flows.diagnose(data_dir=data, start=START, end=END)
+    candidate = tmp_path / "candidate" / "site"
+    candidate.mkdir(parents=True)
+    (candidate / "override.yaml").write_text(CANDIDATE)
+    changes = flows.backtest(candidate_rules=[str(candidate.parent)], data_dir=data, start=START, end=END)
+    assert [(c["job_id"], c["outcome"], c["outcome_new"]) for c in changes] == [
+        ("1004", "config_error", "user_code_error")]
+    versions = Warehouse(tmp_path / "data" / "warehouse").sql("SELECT DISTINCT ruleset FROM diagnoses")["ruleset"]
+    assert versions.len() == 2  # both verdicts sit side by side
