@@ -92,6 +92,20 @@ def _svg_open(w: int, h: int, label: str) -> str:
             f'aria-label="{_e(label)}" preserveAspectRatio="xMinYMin meet">')
 
 
+def _y_axis(ticks: list[float], width: int, ml: int, mr: int, mt: int, ph: float, y_title: str | None) -> list[str]:
+    """Grid lines, tick labels and the rotated title of a vertical value axis."""
+    top = ticks[-1]
+    out = []
+    for t in ticks:
+        y = mt + ph - ph * t / top
+        out.append(f'<line class="grid" x1="{ml}" x2="{width - mr}" y1="{y:.1f}" y2="{y:.1f}"/>'
+                   f'<text class="tick" x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{_tick_label(t)}</text>')
+    if y_title:
+        out.append(f'<text class="axis-title" x="12" y="{mt + ph / 2:.0f}" text-anchor="middle" '
+                   f'transform="rotate(-90 12 {mt + ph / 2:.0f})">{_e(y_title)}</text>')
+    return out
+
+
 def stacked_bar_chart(categories: list[str], series: list[tuple[str, list[float], str]], *,
                       label: str, width: int = 1040, height: int = 280, y_title: str = "",
                       category_titles: list[str] | None = None, integer: bool = False) -> str:
@@ -102,14 +116,7 @@ def stacked_bar_chart(categories: list[str], series: list[tuple[str, list[float]
     totals = [sum(s[1][i] for s in series) for i in range(len(categories))]
     ticks = nice_ticks(max(totals, default=0), integer=integer)
     top = ticks[-1]
-    out = [_svg_open(width, height, label)]
-    for t in ticks:
-        y = mt + ph - ph * t / top
-        out.append(f'<line class="grid" x1="{ml}" x2="{width - mr}" y1="{y:.1f}" y2="{y:.1f}"/>'
-                   f'<text class="tick" x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{_tick_label(t)}</text>')
-    if y_title:
-        out.append(f'<text class="axis-title" x="12" y="{mt + ph / 2:.0f}" text-anchor="middle" '
-                   f'transform="rotate(-90 12 {mt + ph / 2:.0f})">{_e(y_title)}</text>')
+    out = [_svg_open(width, height, label), *_y_axis(ticks, width, ml, mr, mt, ph, y_title)]
     band = pw / n
     bw = max(1.0, min(band * 0.74, 48))
     every = max(1, math.ceil(n / 16))
@@ -187,14 +194,7 @@ def line_chart(categories: list[str], series: list[tuple[str, list[float], str]]
     n = max(len(categories), 1)
     ticks = nice_ticks(max((v for s in series for v in s[1]), default=0))
     top = ticks[-1]
-    out = [_svg_open(width, height, label)]
-    for t in ticks:
-        y = mt + ph - ph * t / top
-        out.append(f'<line class="grid" x1="{ml}" x2="{width - mr}" y1="{y:.1f}" y2="{y:.1f}"/>'
-                   f'<text class="tick" x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{_tick_label(t)}</text>')
-    if y_title:
-        out.append(f'<text class="axis-title" x="12" y="{mt + ph / 2:.0f}" text-anchor="middle" '
-                   f'transform="rotate(-90 12 {mt + ph / 2:.0f})">{_e(y_title)}</text>')
+    out = [_svg_open(width, height, label), *_y_axis(ticks, width, ml, mr, mt, ph, y_title)]
     band = pw / n
     every = max(1, math.ceil(n / 16))
     xs = [ml + band * i + band / 2 for i in range(n)]
