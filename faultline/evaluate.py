@@ -62,9 +62,15 @@ def score_case(case: str, truth: dict, d: dict) -> CaseResult:
     confident = d["confidence"] in ("high", "medium")
     right = None if not t_cul else (blamed and culprit_matches(str(t_cul), cul))
     takes_node = d["recommended_action"]["action"] in NODE_ACTIONS
+    # A rank-only verdict cannot be checked against a truth that names only a node (and vice versa):
+    # a miss, not a wrong blame.
+    text = str(t_cul or "").lower()
+    truth_by_rank = re.search(r"\brank", text) is not None
+    truth_by_rank_only = re.match(r"\W*(?:local[ _])?rank", text) is not None
+    comparable = (bool(cul["ranks"]) and truth_by_rank) or (bool(cul["nodes"]) and not truth_by_rank_only)
     wrong = blamed and (
         t_out == "healthy"
-        or (bool(t_cul) and not right and confident)
+        or (bool(t_cul) and not right and confident and comparable)
         or (not t_cul and takes_node))
     return CaseResult(case, t_out, d["outcome"], d["ambiguous"], d["confidence"], t_cul, cul,
                       right, wrong, d["recommended_action"]["action"])

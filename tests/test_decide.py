@@ -47,6 +47,7 @@ def test_a_silent_rank_on_a_node_that_kept_logging_hung(write, ruleset, tmp_path
     # rank 13 never printed, but it sits in trn-a02's block (8-15) and trn-a02 kept logging
     assert d["outcome"] == "nccl_timeout_hang" and not d["ambiguous"]
     assert d["culprit"]["ranks"] == [13] and d["confidence"] == "medium"
+    assert d["culprit"]["nodes"] == ["trn-a02"]  # where the hung rank lives
 
 
 def test_when_every_candidate_names_the_same_node_the_node_stays(write, ruleset, tmp_path):

@@ -84,7 +84,8 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
     hang = active.filter(pl.col("symptom").is_in(list(cfg.hang_symptoms)))
     if hang.height == 0:
         return pl.DataFrame(schema={**{k: active.schema[k] for k in KEY}, "silent_seen": pl.List(pl.Int32),
-                                    "silent_unseen": pl.List(pl.Int32), "laggards": pl.List(pl.Int32)})
+                                    "silent_unseen": pl.List(pl.Int32), "laggards": pl.List(pl.Int32),
+                                    "suspect_nodes": pl.List(pl.String)})
     reporting = hang.group_by(KEY).agg(
         reporting=pl.col("rank").drop_nulls().unique(),
         world=_cap("world_size").cast(pl.Int32, strict=False).max(),
@@ -119,9 +120,17 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
     out = out.with_columns(
         silent_seen=pl.col("silent_seen").list.concat("covered").list.unique().list.sort(),
         silent_unseen=pl.col("silent_unseen").list.set_difference("covered").list.sort())
-    return out.join(lag, on=KEY, how="left").select(
-        *KEY, "silent_seen", "silent_unseen",
-        laggards=pl.col("laggards").fill_null(pl.lit([], pl.List(pl.Int32))))
+    out = out.join(lag, on=KEY, how="left").with_columns(pl.col("laggards").fill_null(pl.lit([], pl.List(pl.Int32))))
+    # Where the suspects live: a line that carried both their rank and a node, or their node's block.
+    suspects = out.select(*KEY, r=pl.col("silent_seen").list.concat("laggards")).explode("r").drop_nulls("r")
+    known = stats.filter(pl.col("node").is_not_null() & pl.col("rank").is_not_null()).select(*KEY, "node", r="rank")
+    direct = suspects.join(known, on=[*KEY, "r"])
+    in_block = suspects.join(blocks, on=KEY).filter((pl.col("r") >= pl.col("lo")) & (pl.col("r") <= pl.col("hi")))
+    homes = (pl.concat([direct.select(*KEY, "r", "node"), in_block.select(*KEY, "r", "node")])
+             .unique().group_by(KEY).agg(suspect_nodes=pl.col("node").unique().sort()))
+    return out.join(homes, on=KEY, how="left").select(
+        *KEY, "silent_seen", "silent_unseen", "laggards",
+        suspect_nodes=pl.col("suspect_nodes").fill_null(pl.lit([], pl.List(pl.String))))
 
 
 def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
@@ -148,6 +157,7 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         silent_seen=pl.col("silent_seen").fill_null(empty_i),
         silent_unseen=pl.col("silent_unseen").fill_null(empty_i),
         laggards=pl.col("laggards").fill_null(empty_i),
+        suspect_nodes=pl.col("suspect_nodes").fill_null(pl.lit([], pl.List(pl.String))),
         peer_unresolved=pl.col("peer_unresolved").fill_null(False),
         confirmed=pl.col("confirmed").fill_null(False),
         ambiguous=pl.col("ambiguous").fill_null(False),
@@ -167,6 +177,10 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         culprit_ranks=pl.when(pl.col("inference").is_in(["silent_seen", "silent_unseen"])).then(silent)
         .when(pl.col("inference") == "laggard").then(pl.col("laggards"))
         .otherwise(pl.col("culprit_ranks")),
+        # the node the inferred rank lives on, when the logs say (a hang there; not a hardware verdict)
+        culprit_nodes=pl.when(pl.col("inference").is_in(["silent_seen", "laggard"])
+                              & (pl.col("suspect_nodes").list.len() == 1))
+        .then(pl.col("suspect_nodes")).otherwise(pl.col("culprit_nodes")),
         # A rank that printed nothing at all may sit on a dead node: say so, don't choose.
         ambiguous=pl.col("ambiguous") | (pl.col("inference") == "silent_unseen").fill_null(False),
     )
