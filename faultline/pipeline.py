@@ -14,7 +14,7 @@ import polars as pl
 from faultline.collectors import files as filecol
 from faultline.logparse import TS_DTYPE, detail_exprs, identity_exprs, year_hint
 from faultline.rules.decide import DecideConfig, candidates, decide
-from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_jobs, extract_logs, prefilter_literals
+from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_jobs, extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
 from faultline.rules.refine import filter_symptoms, refine
 from faultline.rules.report import ReportConfig, build_diagnoses
@@ -24,6 +24,8 @@ STATS_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, 
                 "rank": pl.Int32, "lines": pl.Int64}
 COVERAGE_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "source": pl.String,
                    "status": pl.String, "rows": pl.Int64, "reason": pl.String}
+PARSE_BATCH_ROWS = 1 << 17  # lines of small files parsed together (a 16 MiB block alone is about this)
+EXTRACT_BATCH_ROWS = 1 << 18  # candidate lines gathered before one extract (bounds memory)
 JOBS_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "state": pl.String,
                "exit_code": pl.Int32, "signal": pl.Int32, "start_time": TS_DTYPE, "end_time": TS_DTYPE}
 
@@ -83,6 +85,41 @@ def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job"
     literals = prefilter_literals(ruleset)
     key = {"cluster": cluster, "job_id": job_id, "attempt": attempt}
     symptom_parts, stat_parts = [], []
+    # Blocks of many small files are parsed together (a 64-node job has 100+ files; per-call overhead
+    # would dominate), and their candidate lines extracted together. Symptoms keep the order they had
+    # when each block was extracted on its own: by block, then rule, then line.
+    raw: list[pl.DataFrame] = []
+    pending: list[pl.DataFrame] = []
+    n_blocks = 0
+
+    def flush() -> None:
+        if not pending:
+            return
+        cand = pl.concat(pending, how="vertical")
+        pending.clear()
+        sym = extract_logs(cand, ruleset, literals)
+        if sym.height:
+            sym = (sym.join(cand.select("file", "seq", "_blk"), on=["file", "seq"], how="left", maintain_order="left")
+                   .sort("_blk", maintain_order=True).drop("_blk"))
+        symptom_parts.append(sym)
+
+    def parse() -> None:
+        if not raw:
+            return
+        ident = identity_exprs()
+        # Every line is counted for who spoke; only lines holding a rule literal are parsed in
+        # full and matched. A line's time is the one it carries, or none (never borrowed).
+        lines = pl.concat(raw, how="vertical").with_columns(
+            node=pl.coalesce(ident["node"], pl.col("_fnode")), rank=pl.coalesce(ident["rank"], pl.col("_frank")),
+            cluster=pl.lit(cluster), job_id=pl.lit(job_id), attempt=pl.lit(attempt, pl.Int32))
+        raw.clear()
+        stat_parts.append(lines.group_by([*KEY, "node", "rank"]).agg(lines=pl.len().cast(pl.Int64)))
+        cand = lines.filter(prefilter_expr(literals))
+        if cand.height:
+            pending.append(cand.with_columns(**detail_exprs(year)).select(*LOG_SCHEMA, "_blk"))
+            if sum(c.height for c in pending) >= EXTRACT_BATCH_ROWS:
+                flush()
+
     for path in files:
         source, node, rank = filecol.hints(path)
         rep = filecol.FileReport(str(path), source, node, rank)
@@ -91,23 +128,20 @@ def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job"
         try:
             for block in filecol.read_blocks(path, rep, block_bytes, max_line):
                 n = block.height
-                # Every line is counted for who spoke; only lines holding a rule literal are parsed in
-                # full and matched. A line's time is the one it carries, or none (never borrowed).
-                lines = block.with_columns(
-                    **identity_exprs(node, rank), cluster=pl.lit(cluster), job_id=pl.lit(job_id),
-                    attempt=pl.lit(attempt, pl.Int32), source=pl.lit(source), file=pl.lit(str(path)),
-                    seq=pl.int_range(seq0, seq0 + n, dtype=pl.Int64))
+                raw.append(block.with_columns(
+                    source=pl.lit(source), file=pl.lit(str(path)), seq=pl.int_range(seq0, seq0 + n, dtype=pl.Int64),
+                    _fnode=pl.lit(node, pl.String), _frank=pl.lit(rank, pl.Int32), _blk=pl.lit(n_blocks, pl.Int64)))
+                n_blocks += 1
                 seq0 += n
                 rep.lines += n
-                stat_parts.append(lines.group_by([*KEY, "node", "rank"]).agg(lines=pl.len().cast(pl.Int64)))
-                cand = lines.filter(pl.col("line").str.contains_any(literals, ascii_case_insensitive=True))
-                if cand.height:
-                    cand = cand.with_columns(**detail_exprs(year)).select(list(LOG_SCHEMA))
-                    symptom_parts.append(extract_logs(cand, ruleset, literals))
+                if sum(r.height for r in raw) >= PARSE_BATCH_ROWS:
+                    parse()
         except filecol.READ_ERRORS as exc:  # unreadable, corrupt archive, ...
             rep.status, rep.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
         if rep.status == "ok" and rep.lines == 0:
             rep.status, rep.reason = "empty", "file has no lines"
+    parse()
+    flush()
     symptoms = pl.concat(symptom_parts, how="vertical") if symptom_parts else pl.DataFrame(schema=SYMPTOM_SCHEMA)
     stats = (pl.concat(stat_parts).group_by([*KEY, "node", "rank"]).agg(pl.col("lines").sum())
              if stat_parts else pl.DataFrame(schema=STATS_SCHEMA))

@@ -7,6 +7,8 @@ never over lines or jobs.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import polars as pl
 
 from faultline.logparse import TS_DTYPE
@@ -40,6 +42,60 @@ def empty_symptoms() -> pl.DataFrame:
 
 def prefilter_literals(ruleset: Ruleset) -> list[str]:
     return sorted({lit for r in ruleset.log_rules for lit in r.log.literals})
+
+
+_RE_META = set("\\.+*?()|[]{}^$#&-~")
+
+
+@lru_cache(maxsize=32)
+def _prefilter_regex(literals: tuple[str, ...]) -> str | None:
+    """One regex that holds exactly when a line contains any literal, ASCII case-insensitively.
+
+    The regex engine's literal search is ~2.5x faster than `contains_any` with
+    `ascii_case_insensitive` over hundreds of literals (bench/README.md). `(?i-u)` folds ASCII
+    case only, as `contains_any` does; anything unusual falls back to `contains_any`.
+    """
+    if not literals or not all(lit.isascii() for lit in literals):
+        return None
+    pattern = "(?i-u)(?:" + "|".join("".join("\\" + c if c in _RE_META else c for c in lit) for lit in literals) + ")"
+    try:
+        pl.Series([""], dtype=pl.String).str.contains(pattern)
+    except Exception:  # too big for the regex engine, ...: keep the automaton
+        return None
+    return pattern
+
+
+def prefilter_expr(literals: list[str] | tuple[str, ...], column: str = "line") -> pl.Expr:
+    """True for lines holding any of `literals` (ASCII case-insensitive): the extract prefilter."""
+    pattern = _prefilter_regex(tuple(literals))
+    if pattern is None:
+        return pl.col(column).str.contains_any(list(literals), ascii_case_insensitive=True)
+    return pl.col(column).str.contains(pattern)
+
+
+def _rule_rows(cand: pl.DataFrame, rules: tuple[Rule, ...]) -> dict[int, pl.Series] | None:
+    """Row numbers of `cand` holding some literal of each rule, from one Aho-Corasick pass.
+
+    Same sets as filtering `cand` once per rule with that rule's literals, without re-scanning
+    every candidate line for each of the hundreds of rules. None when literals are not plain ASCII.
+    """
+    owners: dict[str, list[int]] = {}
+    for i, rule in enumerate(rules):
+        for lit in rule.log.literals:
+            owners.setdefault(lit, []).append(i)
+    lits = list(owners)
+    if not all(lit.isascii() for lit in lits):
+        return None
+    table = pl.DataFrame({"_lit": lits, "_rule": list(owners.values())},
+                         schema={"_lit": pl.String, "_rule": pl.List(pl.UInt32)}).explode("_rule")
+    pairs = (cand.select(_row=pl.int_range(pl.len(), dtype=pl.UInt32),
+                         _lit=pl.col("line").str.extract_many(lits, ascii_case_insensitive=True, overlapping=True))
+             .explode("_lit").drop_nulls("_lit")
+             .with_columns(pl.col("_lit").str.to_lowercase())
+             .join(table, on="_lit")
+             .select("_rule", "_row").unique()
+             .sort("_rule", "_row"))
+    return {int(k): part["_row"] for (k,), part in pairs.partition_by("_rule", as_dict=True, maintain_order=True).items()}
 
 
 def _rule_frame(rule: Rule, hits: pl.DataFrame) -> pl.DataFrame:
@@ -95,15 +151,20 @@ def extract_logs(lines: pl.DataFrame, ruleset: Ruleset, literals: list[str] | No
     if lines.height == 0 or not rules:
         return empty_symptoms()
     literals = literals if literals is not None else prefilter_literals(ruleset)
-    cand = lines.filter(pl.col("line").str.contains_any(literals, ascii_case_insensitive=True))
+    cand = lines.filter(prefilter_expr(literals))
     if cand.height == 0:
         return empty_symptoms()
+    rows = _rule_rows(cand, rules)
     parts = []
-    for rule in rules:
-        cond = pl.col("line").str.contains_any(list(rule.log.literals), ascii_case_insensitive=True)
+    for i, rule in enumerate(rules):
+        if rows is None:
+            hits = cand.filter(pl.col("line").str.contains_any(list(rule.log.literals), ascii_case_insensitive=True))
+        elif i in rows:
+            hits = cand[rows[i]]
+        else:
+            continue
         if rule.log.sources:
-            cond = cond & pl.col("source").is_in(list(rule.log.sources))
-        hits = cand.filter(cond)
+            hits = hits.filter(pl.col("source").is_in(list(rule.log.sources)))
         if hits.height == 0:
             continue
         hits = hits.filter(pl.col("line").str.contains(rule.log.regex))

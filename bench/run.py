@@ -1,0 +1,443 @@
+"""faultline benchmark suite: one command, one table. See bench/README.md.
+
+    python bench/run.py [--scenarios S,M,L] [--repeat 3] [--out bench/results.json]
+    python bench/run.py --scenarios smoke --repeat 1          # seconds; what tests/test_bench_smoke.py runs
+
+Every stage runs in its own subprocess (peak RSS = that process's ru_maxrss, read with wait4);
+seconds are measured inside it around the work only (imports and data generation excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+BATCH_BYTES = 192 << 20  # text per ingest batch / Parquet part (jobs are never split)
+YEAR = 2025
+
+# name: (failed jobs, chatter lines per simulator applog line, replicas, single-job lines, python-loop lines)
+SCENARIOS = {
+    "smoke": dict(failed=40, chatter=0, replicas=1, single_lines=20_000, py_lines=20_000),
+    "S": dict(failed=1000, chatter=0, replicas=1, single_lines=100_000, py_lines=100_000),
+    "M": dict(failed=270, chatter=9, replicas=10, single_lines=0, py_lines=100_000),
+    "L": dict(failed=270, chatter=9, replicas=20, single_lines=0, py_lines=0, stream=True),
+}
+STAGES = ["ingest", "extract", "diagnose", "e2e", "stream", "single", "single_cli", "service",
+          "python_loop", "ripgrep", "ripgrep_unicode"]
+
+
+# ----------------------------------------------------------------------------- child stages
+def _jobs(data: Path):
+    import polars as pl
+    return pl.read_parquet(data / "jobs.parquet")
+
+
+def _batches(data: Path) -> list[list[str]]:
+    """Job folders in batches of about BATCH_BYTES of text."""
+    jobs = _jobs(data)
+    out, cur, size = [], [], 0
+    for name in jobs["_folder"].to_list():
+        b = sum(f.stat().st_size for f in (data / "jobs" / name).iterdir())
+        if cur and size + b > BATCH_BYTES:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(name)
+        size += b
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _read_batch(data: Path, names: list[str], jobs):
+    """Files of these job folders -> one frame of lines with key, source, file, seq, node, rank."""
+    import numpy as np
+    import polars as pl
+
+    from faultline.collectors import files as filecol
+    from faultline.logparse import identity_exprs
+
+    key = {r["_folder"]: r for r in jobs.filter(pl.col("_folder").is_in(names)).iter_rows(named=True)}
+    blocks, meta, fid, seq, nbytes = [], [], [], [], 0
+    for name in names:
+        files, _ = filecol.expand([data / "jobs" / name])
+        for path in files:
+            source, node, rank = filecol.hints(path)
+            rep = filecol.FileReport(str(path), source, node, rank)
+            k = len(meta)
+            meta.append({"cluster": key[name]["cluster"], "job_id": key[name]["job_id"],
+                         "attempt": key[name]["attempt"], "source": source, "file": str(path),
+                         "_fnode": node, "_frank": rank})
+            s0 = 0
+            for block in filecol.read_blocks(path, rep):
+                blocks.append(block)
+                fid.append(np.full(block.height, k, np.int64))
+                seq.append(np.arange(s0, s0 + block.height, dtype=np.int64))
+                s0 += block.height
+            nbytes += rep.bytes
+    m = pl.DataFrame(meta, schema={"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32,
+                                   "source": pl.String, "file": pl.String, "_fnode": pl.String, "_frank": pl.Int32})
+    df = pl.concat(blocks)
+    f = pl.Series(np.concatenate(fid))
+    df = df.with_columns(**{c: m[c].gather(f) for c in m.columns}, seq=pl.Series(np.concatenate(seq)))
+    ident = identity_exprs()  # file-name hints come last, as in pipeline.collect_files
+    df = df.with_columns(node=pl.coalesce(ident["node"], pl.col("_fnode")),
+                         rank=pl.coalesce(ident["rank"], pl.col("_frank")))
+    return df.select("cluster", "job_id", "attempt", "source", "file", "seq", "node", "rank", "line"), nbytes
+
+
+def _diagnose_frame(df, jobs, rs, lits):
+    import polars as pl
+
+    from faultline.logparse import detail_exprs
+    from faultline.pipeline import COVERAGE_SCHEMA, STATS_SCHEMA, Evidence, run_engine
+    from faultline.rules.extract import KEY, LOG_SCHEMA, extract_logs, prefilter_expr
+    from faultline.taxonomy import SOURCES
+
+    jb = jobs.join(df.select(KEY).unique(), on=KEY, how="semi").drop("_folder")
+    stats = df.group_by([*KEY, "node", "rank"]).agg(lines=pl.len().cast(pl.Int64)).cast(STATS_SCHEMA)
+    cand = df.filter(prefilter_expr(lits)).with_columns(**detail_exprs(YEAR)).select(list(LOG_SCHEMA))
+    symptoms = extract_logs(cand, rs, lits)
+    counts = df.group_by([*KEY, "source"]).agg(rows=pl.len().cast(pl.Int64))
+    cov = (jb.select(KEY).join(pl.DataFrame({"source": list(SOURCES)}), how="cross")
+           .join(counts, on=[*KEY, "source"], how="left").with_columns(pl.col("rows").fill_null(0)))
+    cov = cov.with_columns(
+        status=pl.when(pl.col("source") == "scheduler").then(pl.lit("ok"))
+        .when(pl.col("source") == "k8s_event").then(pl.lit("not_configured"))
+        .when(pl.col("rows") > 0).then(pl.lit("ok")).otherwise(pl.lit("empty")),
+        reason=pl.lit("")).select(list(COVERAGE_SCHEMA)).cast(COVERAGE_SCHEMA)
+    return run_engine(Evidence(jobs=jb, symptoms=symptoms, stats=stats, coverage=cov), rs).diagnoses
+
+
+def stage_ingest(data: Path) -> dict:
+    jobs = _jobs(data)
+    out = data / "parquet"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    t0 = time.perf_counter()
+    lines = nbytes = 0
+    for k, names in enumerate(_batches(data)):
+        df, b = _read_batch(data, names, jobs)
+        df.write_parquet(out / f"part-{k:05d}.parquet")
+        lines += df.height
+        nbytes += b
+    return {"seconds": time.perf_counter() - t0, "lines": lines, "bytes": nbytes}
+
+
+def _text_bytes(data: Path) -> int:
+    return sum(f.stat().st_size for f in (data / "jobs").rglob("*") if f.is_file())
+
+
+def stage_extract(data: Path) -> dict:
+    import polars as pl
+
+    from faultline.rules.extract import LOG_SCHEMA, extract_logs, prefilter_literals
+    from faultline.rules.loader import load_ruleset
+
+    rs = load_ruleset()
+    lits = prefilter_literals(rs)
+    spent = lines = symptoms = 0.0
+    matched = 0
+    for part in sorted((data / "parquet").glob("part-*.parquet")):
+        df = pl.read_parquet(part).with_columns(local_rank=pl.lit(None, pl.Int32), gpu=pl.lit(None, pl.Int32),
+                                                ts=pl.lit(None, LOG_SCHEMA["ts"])).select(list(LOG_SCHEMA))
+        t0 = time.perf_counter()
+        s = extract_logs(df, rs, lits)
+        spent += time.perf_counter() - t0
+        lines += df.height
+        symptoms += s.height
+        matched += s.select("file", "seq").n_unique() if s.height else 0
+        del df, s
+    return {"seconds": spent, "lines": int(lines), "bytes": _text_bytes(data), "symptoms": int(symptoms),
+            "matched_lines": matched, "rules": len(rs.log_rules)}
+
+
+def stage_diagnose(data: Path) -> dict:
+    import polars as pl
+
+    from faultline.rules.extract import prefilter_literals
+    from faultline.rules.loader import load_ruleset
+
+    jobs = _jobs(data)
+    rs = load_ruleset()
+    lits = prefilter_literals(rs)
+    t0 = time.perf_counter()
+    lines, outcomes = 0, {}
+    for part in sorted((data / "parquet").glob("part-*.parquet")):
+        df = pl.read_parquet(part)
+        lines += df.height
+        for d in _diagnose_frame(df, jobs, rs, lits):
+            outcomes[d["outcome"]] = outcomes.get(d["outcome"], 0) + 1
+        del df
+    return {"seconds": time.perf_counter() - t0, "lines": lines, "bytes": _text_bytes(data),
+            "diagnoses": sum(outcomes.values()), "outcomes": outcomes}
+
+
+def stage_stream(data: Path) -> dict:
+    """Ingest + diagnose batch by batch (scenario L): Parquet parts are written, diagnosed, deleted."""
+    import polars as pl
+
+    from faultline.rules.extract import prefilter_literals
+    from faultline.rules.loader import load_ruleset
+
+    jobs = _jobs(data)
+    rs = load_ruleset()
+    lits = prefilter_literals(rs)
+    out = data / "stream"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    t0 = time.perf_counter()
+    lines = nbytes = ndiag = 0
+    for k, names in enumerate(_batches(data)):
+        df, b = _read_batch(data, names, jobs)
+        part = out / f"part-{k:05d}.parquet"
+        df.write_parquet(part)
+        del df
+        df = pl.read_parquet(part)
+        ndiag += len(_diagnose_frame(df, jobs, rs, lits))
+        lines += df.height
+        nbytes += b
+        del df
+        part.unlink()
+    return {"seconds": time.perf_counter() - t0, "lines": lines, "bytes": nbytes, "diagnoses": ndiag}
+
+
+def stage_single(data: Path) -> dict:
+    from faultline.pipeline import diagnose_files
+    from faultline.rules.loader import load_ruleset
+
+    t0 = time.perf_counter()
+    rs = load_ruleset()
+    t1 = time.perf_counter()
+    d = diagnose_files([data / "single"], rs)
+    t2 = time.perf_counter()
+    files = [f for f in (data / "single").rglob("*") if f.is_file()]
+    lines = sum(1 for f in files for _ in f.open("rb"))
+    return {"seconds": t2 - t0, "load_ruleset_s": t1 - t0, "lines": lines,
+            "bytes": sum(f.stat().st_size for f in files), "outcome": d["outcome"], "culprit": d["culprit"]["nodes"]}
+
+
+def stage_python(data: Path, limit: int) -> dict:
+    from baselines import python_loop
+
+    from faultline.rules.loader import load_ruleset
+
+    names = _jobs(data)["_folder"].to_list()
+    return python_loop([data / "jobs" / n for n in names], load_ruleset(), limit or None)
+
+
+CHILD = {"ingest": stage_ingest, "extract": stage_extract, "diagnose": stage_diagnose, "stream": stage_stream,
+         "single": stage_single}
+
+
+# ----------------------------------------------------------------------------- parent
+def _child(cmd: list[str], env=None) -> tuple[dict, float, int]:
+    """Run a command; (its JSON result line or {}, wall seconds, peak RSS in bytes) via wait4."""
+    # GNU time reports the command's own peak; wait4 from this (large) process would also count the
+    # pages of the fork before exec.
+    gtime = shutil.which("time") if Path("/usr/bin/time").exists() else None
+    if gtime:
+        cmd = ["/usr/bin/time", "-f", "BENCH_MAXRSS_KB %M", *cmd]
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} failed ({p.returncode}): {err.decode()[-2000:]}")
+    rss = ru.ru_maxrss * 1024
+    for line in err.decode().splitlines():
+        if line.startswith("BENCH_MAXRSS_KB "):
+            rss = int(line.split()[1]) * 1024
+    res = {}
+    for line in out.decode().splitlines():
+        if line.startswith("BENCH_RESULT "):
+            res = json.loads(line[len("BENCH_RESULT "):])
+    return res, wall, rss, out
+
+
+def _py_stage(stage: str, data: Path, *extra: str):
+    res, wall, rss, _ = _child([sys.executable, str(HERE / "run.py"), "--stage", stage, "--data", str(data), *extra])
+    return res, rss
+
+
+def _rg(data: Path, patterns: Path):
+    rg = shutil.which("rg")
+    if rg is None:
+        return None
+    res, wall, rss, out = _child([rg, "-c", "--no-messages", "-f", str(patterns), str(data / "jobs")])
+    matched = sum(int(line.rsplit(":", 1)[1]) for line in out.decode().splitlines() if ":" in line)
+    return {"seconds": wall, "matched_lines": matched}, rss
+
+
+def _median_run(fn, repeat: int) -> tuple[dict, list[float], int]:
+    runs, peak, last = [], 0, {}
+    for _ in range(repeat):
+        res, rss = fn()
+        runs.append(res["seconds"])
+        peak = max(peak, rss)
+        last = res
+    return last, runs, peak
+
+
+def run_scenario(name: str, work: Path, repeat: int, log) -> list[dict]:
+    from baselines import rg_patterns
+    from data import make_fleet_scenario, make_single_job
+
+    from faultline.rules.loader import load_ruleset
+
+    spec = SCENARIOS[name]
+    data = work / name
+    shutil.rmtree(data, ignore_errors=True)
+    t0 = time.perf_counter()
+    info = make_fleet_scenario(data, spec["failed"], chatter=spec["chatter"], replicas=spec["replicas"], log=log)
+    if spec["single_lines"]:
+        info["single"] = make_single_job(data / "single", total_lines=spec["single_lines"])
+    log(f"  [{name}] data generated in {time.perf_counter() - t0:.1f}s")
+    rs = load_ruleset()
+    pats, pats_u = data / "patterns.txt", data / "patterns_unicode.txt"
+    pats.write_text("\n".join(rg_patterns(rs)) + "\n")
+    pats_u.write_text("\n".join(rg_patterns(rs, unicode=True)) + "\n")
+    rows: list[dict] = []
+
+    def row(stage, res, runs, peak, **kw):
+        r = {"stage": stage, "scenario": name, "lines": res.get("lines"), "bytes": res.get("bytes"),
+             "median_s": statistics.median(runs) if runs else None, "runs_s": runs, "peak_rss": peak, **kw}
+        rows.append(r)
+        log(f"  [{name}] {stage}: {r['median_s'] if r['median_s'] is None else round(r['median_s'], 3)} s "
+            f"(runs {[round(x, 3) for x in runs]}), peak {peak / 2**20:.0f} MiB")
+        return r
+
+    # baselines first (the text is in the page cache for everyone after generation)
+    rg = rg_u = None
+    if shutil.which("rg"):
+        res, runs, peak = _median_run(lambda: _rg(data, pats), repeat)
+        rg = row("ripgrep", {**res, "lines": info["lines"], "bytes": info["bytes"]}, runs, peak,
+                 patterns=len(rs.log_rules), matched_lines=res["matched_lines"])
+        if name in ("smoke", "S"):
+            res, runs, peak = _median_run(lambda: _rg(data, pats_u), 1)
+            rg_u = row("ripgrep_unicode", {**res, "lines": info["lines"], "bytes": info["bytes"]}, runs, peak,
+                       patterns=len(rs.log_rules), note="same patterns without (?-u), 1 run")
+    else:
+        row("ripgrep", {}, [], 0, note="rg not installed (apt-get install ripgrep): skipped")
+    py = None
+    if spec["py_lines"]:
+        res, runs, peak = _median_run(lambda: _py_stage("python", data, "--limit", str(spec["py_lines"])), repeat)
+        py = row("python_loop", res, runs, peak, patterns=res["patterns"], refused=res["refused"],
+                 note=f"first {res['lines']:,} lines; rate extrapolates")
+
+    if spec.get("stream"):
+        res, runs, peak = _median_run(lambda: _py_stage("stream", data), 1)
+        row("stream", res, runs, peak, diagnoses=res["diagnoses"],
+            note=f"ingest+diagnose batch by batch, {info['replicas']} replicas of {info['unique_lines']:,} lines")
+    else:
+        ing = row("ingest", *_median_run(lambda: _py_stage("ingest", data), repeat))
+        res, runs, peak = _median_run(lambda: _py_stage("extract", data), repeat)
+        row("extract", res, runs, peak, rules=res["rules"], symptoms=res["symptoms"], matched_lines=res["matched_lines"])
+        res, runs, peak = _median_run(lambda: _py_stage("diagnose", data), repeat)
+        dg = row("diagnose", res, runs, peak, diagnoses=res["diagnoses"], outcomes=res["outcomes"])
+        rows.append({"stage": "e2e", "scenario": name, "lines": dg["lines"], "bytes": dg["bytes"],
+                     "median_s": ing["median_s"] + dg["median_s"], "runs_s": [], "peak_rss": max(ing["peak_rss"], dg["peak_rss"]),
+                     "note": "ingest + diagnose"})
+    if spec["single_lines"]:
+        res, runs, peak = _median_run(lambda: _py_stage("single", data), repeat)
+        row("single", res, runs, peak, outcome=res["outcome"], culprit=res["culprit"],
+            load_ruleset_s=res["load_ruleset_s"], nodes=64)
+        fl = shutil.which("faultline") or "faultline"
+
+        def cli():
+            _, wall, rss, out = _child([fl, "diagnose", str(data / "single"), "--format", "json"])
+            return {"seconds": wall}, rss
+        res, runs, peak = _median_run(cli, repeat)
+        row("single_cli", {"lines": rows[-1]["lines"], "bytes": rows[-1]["bytes"], **res}, runs, peak,
+            note="`faultline diagnose DIR --format json` wall time, interpreter start-up included")
+        rows.append({"stage": "service", "scenario": name, "lines": None, "bytes": None, "median_s": None,
+                     "runs_s": [], "peak_rss": None, "note": "skipped: /v1/diagnose does not exist yet"})
+
+    # ratios against the baselines of the same scenario
+    rg_s = rg["median_s"] if rg and rg.get("median_s") else None
+    py_rate = py["lines"] / py["median_s"] if py and py.get("median_s") else None
+    for r in rows:
+        r["info"] = None
+        if r["median_s"] and r["lines"]:
+            r["lines_per_s"] = r["lines"] / r["median_s"]
+            r["mb_per_s"] = r["bytes"] / 2**20 / r["median_s"] if r["bytes"] else None
+            same_bytes = r["stage"] in ("extract", "diagnose", "e2e", "ingest", "stream", "ripgrep_unicode")
+            r["vs_rg"] = r["median_s"] / rg_s if rg_s and same_bytes else None
+            r["vs_py"] = r["lines_per_s"] / py_rate if py_rate and r["stage"] not in ("python_loop",) else None
+    rows[0]["info"] = info
+    return rows
+
+
+def fmt_table(rows: list[dict]) -> str:
+    head = ["stage", "scen", "lines", "MB", "median s", "lines/s", "MB/s", "x rg time", "x py speed", "peak RSS"]
+    out = [head]
+    for r in rows:
+        def f(v, spec):
+            return "-" if v is None else format(v, spec)
+        out.append([r["stage"], r["scenario"], f(r.get("lines"), ","), f(r["bytes"] / 2**20 if r.get("bytes") else None, ".0f"),
+                    f(r.get("median_s"), ".3f"), f(r.get("lines_per_s"), ",.0f"), f(r.get("mb_per_s"), ".0f"),
+                    f(r.get("vs_rg"), ".2f"), f(r.get("vs_py"), ".1f"),
+                    "-" if not r.get("peak_rss") else f"{r['peak_rss'] / 2**20:.0f} MiB"])
+    w = [max(len(str(row[i])) for row in out) for i in range(len(head))]
+    lines = ["| " + " | ".join(str(c).ljust(w[i]) for i, c in enumerate(row)) + " |" for row in out]
+    lines.insert(1, "|" + "|".join("-" * (x + 2) for x in w) + "|")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", default="S")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default=None, help="write all figures as JSON here")
+    ap.add_argument("--workdir", default=None, help="where scenario data goes (default: a temp dir under /work or /tmp)")
+    ap.add_argument("--keep-data", action="store_true")
+    ap.add_argument("--stage", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.stage:  # child mode
+        data = Path(a.data)
+        res = stage_python(data, a.limit) if a.stage == "python" else CHILD[a.stage](data)
+        print("BENCH_RESULT " + json.dumps(res))
+        return 0
+    import tempfile
+    base = a.workdir or ("/work" if Path("/work").is_dir() and os.access("/work", os.W_OK) else None)
+    work = Path(tempfile.mkdtemp(prefix="faultline-bench-", dir=base))
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    rows: list[dict] = []
+    try:
+        for name in a.scenarios.split(","):
+            log(f"scenario {name}")
+            rows += run_scenario(name.strip(), work, a.repeat, log)
+            if not a.keep_data:
+                shutil.rmtree(work / name.strip(), ignore_errors=True)
+    finally:
+        if not a.keep_data:
+            shutil.rmtree(work, ignore_errors=True)
+    print(fmt_table(rows))
+    if a.out:
+        import polars as pl
+        doc = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                           "polars": pl.__version__,
+                           "ripgrep": subprocess.run(["rg", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+                           if shutil.which("rg") else None},
+               "repeat": a.repeat, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows}
+        Path(a.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The benchmark suite's smoke mode runs end to end and reports every stage with sane numbers.
+
+No timing assertions: only that each stage ran, counted the lines it was given, and that the
+baselines saw the same lines as the engine.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_smoke(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--scenarios", "smoke", "--repeat", "1",
+                           "--out", str(out), "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = proc.stdout
+    rows = {r["stage"]: r for r in json.loads(out.read_text())["rows"]}
+    expected = {"ingest", "extract", "diagnose", "e2e", "single", "single_cli", "service", "python_loop"}
+    if shutil.which("rg"):
+        expected |= {"ripgrep", "ripgrep_unicode"}
+    assert expected <= set(rows), set(rows)
+    for stage in expected:
+        assert f"| {stage} " in table
+    n = rows["ingest"]["lines"]
+    assert n > 10_000
+    for stage in ("extract", "diagnose", "e2e"):
+        r = rows[stage]
+        assert r["lines"] == n and r["bytes"] > 0
+        assert r["median_s"] > 0 and r["lines_per_s"] > 0 and 0 < r["peak_rss"] < 8 << 30
+        assert r["vs_py"] > 0
+    assert rows["diagnose"]["diagnoses"] == 40
+    assert rows["extract"]["symptoms"] > 0
+    assert rows["single"]["lines"] == 20_000 and rows["single"]["outcome"] != "healthy"
+    assert rows["service"]["median_s"] is None and "skipped" in rows["service"]["note"]
+    assert rows["python_loop"]["refused"] == 0 and rows["python_loop"]["lines"] > 0
+    if "ripgrep" in rows:
+        # the same patterns find the same lines: ripgrep's matching lines = lines with >= 1 symptom
+        assert rows["ripgrep"]["matched_lines"] == rows["extract"]["matched_lines"]
+        assert rows["extract"]["vs_rg"] > 0
+    assert not list(tmp_path.glob("faultline-bench-*")), "scenario data was not cleaned up"
