@@ -11,7 +11,7 @@ import polars as pl
 
 from faultline.collectors import loki, slurm
 from faultline.fleet.config import ClusterConfig
-from faultline.logparse import detail_exprs, identity_exprs
+from faultline.logparse import identity_exprs
 from faultline.taxonomy import FAILED_STATES, SOURCES
 from faultline.warehouse.schema import JOB_KEY, TABLES
 
@@ -61,17 +61,16 @@ def fetch_logs(cluster: ClusterConfig, failed: pl.DataFrame) -> pl.DataFrame:
     return raw.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi")
 
 
-def parse_logs(raw: pl.DataFrame, year: int) -> pl.DataFrame:
-    """Raw lines -> the logs table: node from labels unless the line names one, rank, GPU, and the
-    line's own time when it carries one (else Loki's receive time)."""
+def parse_logs(raw: pl.DataFrame) -> pl.DataFrame:
+    """Raw lines -> the logs table: who spoke (node from the line, else the stream's labels; rank) and
+    the source's receive time. The line's own time, GPU and local rank are read at diagnose time, for
+    the few lines a rule can match (`fleet.diagnose.with_line_details`)."""
     if raw.height == 0:
         return pl.DataFrame(schema=TABLES["logs"])
-    seq = loki.with_sequence(raw)
     ident = identity_exprs()
-    detail = detail_exprs(year)
-    out = seq.with_columns(
+    out = loki.with_sequence(raw).with_columns(
         node=pl.coalesce(ident["node"], pl.col("node")), rank=ident["rank"],
-        local_rank=detail["local_rank"], gpu=detail["gpu"], ts=pl.coalesce(detail["ts"], pl.col("ts")))
+        local_rank=pl.lit(None, pl.Int32), gpu=pl.lit(None, pl.Int32))
     return out.select(list(TABLES["logs"]))
 
 
@@ -105,7 +104,7 @@ def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime) -> C
     except (OSError, ValueError) as exc:  # unreadable export, Loki garbage
         errors["logs"] = f"{type(exc).__name__}: {exc}"[:300]
         raw = pl.DataFrame(schema=loki.RAW_SCHEMA)
-    logs = parse_logs(raw, start.year)
+    logs = parse_logs(raw)
     coverage = coverage_rows(cluster, failed, logs, errors)
     return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()])
 

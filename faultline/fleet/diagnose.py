@@ -10,11 +10,19 @@ import polars as pl
 
 from faultline.pipeline import Evidence, Result, run_engine
 from faultline.rules.decide import DecideConfig
-from faultline.rules.extract import extract_logs
+from faultline.logparse import detail_exprs
+from faultline.rules.extract import extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
 from faultline.rules.report import ReportConfig
 from faultline.taxonomy import FAILED_STATES
 from faultline.warehouse.schema import JOB_KEY, TABLES
+
+
+def with_line_details(lines: pl.DataFrame, year: int) -> pl.DataFrame:
+    """The time a line carries wins over the receive time; GPU and local rank from its prefix."""
+    detail = detail_exprs(year)
+    return lines.with_columns(local_rank=detail["local_rank"], gpu=detail["gpu"],
+                              ts=pl.coalesce(detail["ts"], pl.col("ts")))
 
 
 def evidence_from_tables(jobs: pl.DataFrame, logs: pl.DataFrame, coverage: pl.DataFrame,
@@ -23,7 +31,10 @@ def evidence_from_tables(jobs: pl.DataFrame, logs: pl.DataFrame, coverage: pl.Da
     failed = jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
     logs = logs.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi")
     stats = logs.group_by([*JOB_KEY, "node", "rank"]).agg(lines=pl.len().cast(pl.Int64))
-    symptoms = extract_logs(logs, ruleset)
+    literals = prefilter_literals(ruleset)
+    candidates = logs.filter(prefilter_expr(literals))
+    year = int(failed["end_time"].dt.year().max() or 1970)
+    symptoms = extract_logs(with_line_details(candidates, year), ruleset, literals)
     cov = coverage.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi").select(
         *JOB_KEY, "source", "status", "rows", "reason")
     return Evidence(jobs=failed.select(*JOB_KEY, "state", "exit_code", "signal", "start_time", "end_time"),

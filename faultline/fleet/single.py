@@ -47,8 +47,7 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
     except (OSError, ValueError) as exc:
         errors["logs"] = f"{type(exc).__name__}: {exc}"[:300]
         raw = fetch_logs(cluster, jobs.clear())
-    year = jobs["end_time"].dt.year().max() or 1970
-    logs = parse_logs(raw, int(year))
+    logs = parse_logs(raw)
     coverage = coverage_rows(cluster, jobs, logs, errors)
     diagnoses, symptoms = diagnose_tables(jobs, logs, coverage, ruleset, cfg.max_drain)
     wh = Warehouse(cfg.warehouse_dir)
