@@ -9,15 +9,23 @@ backtest      a candidate ruleset over a past window: which verdicts would chang
 
 from __future__ import annotations
 
+import os
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import polars as pl
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from faultline.flows import tasks
 from faultline.fleet.config import load_config
+
+
+def _partition_runner() -> ThreadPoolTaskRunner:
+    """Partitions run side by side, but only as many as the machine holds: each one holds a cluster-day
+    of lines in memory. FAULTLINE_WORKERS sets it (default 2); use a Dask runner beyond one machine."""
+    return ThreadPoolTaskRunner(max_workers=max(1, int(os.environ.get("FAULTLINE_WORKERS", "2"))))
 
 
 def _utc(t: datetime | str | None, default: datetime) -> datetime:
@@ -33,7 +41,7 @@ def _window(start, end, minutes: int = 10) -> tuple[datetime, datetime]:
     return _utc(start, end_t - timedelta(minutes=minutes)), end_t
 
 
-@flow(name="collect", log_prints=True)
+@flow(name="collect", log_prints=True, task_runner=_partition_runner())
 def collect(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None) -> list[dict]:
     """Pull jobs that ended in [start, end) (default: the last 10 minutes) and their telemetry."""
     s, e = _window(start, end)
@@ -44,7 +52,7 @@ def collect(data_dir: str = "data", start: datetime | None = None, end: datetime
     return [f.result() for f in futures]
 
 
-@flow(name="diagnose", log_prints=True)
+@flow(name="diagnose", log_prints=True, task_runner=_partition_runner())
 def diagnose(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None,
              rules: list[str] | None = None) -> list[dict]:
     """Diagnose every failed job that ended in [start, end) (default: the last 10 minutes)."""
@@ -84,7 +92,7 @@ def diagnose_job(cluster: str, job_id: str, data_dir: str = "data") -> dict:
     return d
 
 
-@flow(name="backtest", log_prints=True)
+@flow(name="backtest", log_prints=True, task_runner=_partition_runner())
 def backtest(candidate_rules: list[str], data_dir: str = "data", start: datetime | None = None,
              end: datetime | None = None, builtin: bool = True) -> list[dict]:
     """Re-run a candidate ruleset over [start, end) and list the jobs whose verdict would change."""

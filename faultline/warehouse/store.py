@@ -461,6 +461,9 @@ class Warehouse:
     def _connect(self, tables: Iterable[str]) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect()
         con.execute("SET TimeZone = 'UTC'")
+        # Several partitions are read side by side: each connection gets a bounded share and spills.
+        con.execute(f"SET memory_limit = '{os.environ.get('FAULTLINE_DUCKDB_MEMORY', '2GB')}'")
+        con.execute(f"SET temp_directory = '{self.root / '.duckdb_tmp'}'")
         for table in tables:
             for name, body in self._view_sql(table).items():
                 con.execute(f"CREATE OR REPLACE VIEW {_q(name)} AS {body}")
