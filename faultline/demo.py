@@ -18,7 +18,8 @@ from faultline.scenarios import all_scenarios
 
 def _culprit_text(d: dict) -> str:
     c = d["culprit"]
-    return ", ".join(c["nodes"]) or ", ".join(f"rank {r}" for r in c["ranks"]) or "-"
+    parts = [", ".join(c["nodes"]), ", ".join(f"rank {r}" for r in c["ranks"])]
+    return " / ".join(p for p in parts if p) or "-"
 
 
 def run_demo(ruleset: Ruleset, data_dir: Path, show: str | None = "xid79-gpu-off-bus") -> int:
@@ -36,11 +37,11 @@ def run_demo(ruleset: Ruleset, data_dir: Path, show: str | None = "xid79-gpu-off
             rows.append((sc, d, ok))
     print(f"faultline demo: {len(rows)} jobs diagnosed with ruleset {ruleset.version} "
           f"({len(ruleset.rules)} rules)\n")
-    print(f"  {'job':20} {'verdict':22} {'culprit':14} {'conf':7} {'action':17} expected")
+    print(f"  {'job':20} {'verdict':22} {'culprit':18} {'conf':7} {'action':17} expected")
     for sc, d, ok in rows:
         verdict = d["outcome"] + ("?" if d["ambiguous"] else "")
-        print(f"  {sc.name:20} {verdict:22} {_culprit_text(d):14} {d['confidence']:7} "
-              f"{d['recommended_action']['action']:17} {'ok' if ok else 'MISMATCH: ' + sc.expect_outcome}")
+        print(f"  {sc.name:20} {verdict:22} {_culprit_text(d):18} {d['confidence']:7} "
+              f"{d['recommended_action']['action']:17} {'ok' if ok else 'MISMATCH: ' + sc.expect_outcome + ' / ' + ', '.join(sc.expect_culprit)}")
     print(f"\n  {right}/{len(rows)} verdicts match the injected faults")
     if show:
         d = next(d for sc, d, _ in rows if sc.name == show)

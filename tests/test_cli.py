@@ -55,3 +55,9 @@ def test_eval_scores_a_case_and_counts_wrong_blames(tmp_path, ruleset, capsys):
     assert main(["eval", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "outcome accuracy: 1/2" in out and "wrong blames: 1" in out and "healthy -> cuda_oom: 1" in out
+
+
+def test_scenario_demo_gets_every_worked_example_right(tmp_path, capsys):
+    assert main(["demo", "--scenarios", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "6/6 verdicts match the injected faults" in out and "MISMATCH" not in out
