@@ -61,3 +61,11 @@ def test_scenario_demo_gets_every_worked_example_right(tmp_path, capsys):
     assert main(["demo", "--scenarios", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "6/6 verdicts match the injected faults" in out and "MISMATCH" not in out
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="shared corpus not beside the project")
+def test_development_corpus_stays_right_with_no_wrong_blame(ruleset):
+    results = evaluate(CORPUS, ruleset)
+    assert len(results) >= 14
+    assert sum(r.outcome_right for r in results) >= len(results) - 1  # issue 2: at least 13 of 14
+    assert not [r.case for r in results if r.wrong_blame]
