@@ -126,3 +126,20 @@ def test_failing_rule_test_is_reported(tmp_path):
     assert count == 2
     assert sorted(f.message for f in failures) == ["matched a line it must not match",
                                                    "node: expected 'gpu043', got 'gpu042'"]
+
+
+def test_no_literal_fires_on_ordinary_training_chatter(ruleset):
+    """The prefilter is only fast if its literals are rare in healthy logs: a literal such as "inf"
+    (in every "NCCL INFO") once made extract 20x slower. Each literal may hit few lines of a healthy run."""
+    import polars as pl
+
+    from pathlib import Path
+
+    lines = pl.Series(Path(__file__).with_name("data").joinpath("healthy_training.log").read_text().splitlines())
+    # Address maps read init chatter on purpose (one NCCL line per rank); every other literal is a
+    # failure word. The sample gives each kind of chatter equal weight, so a limit of 10% still
+    # catches a literal that is in most lines of a kind.
+    literals = sorted({lit for r in ruleset.log_rules if not r.emits.address for lit in r.log.literals})
+    hits = {lit: int(lines.str.contains_any([lit], ascii_case_insensitive=True).sum()) for lit in literals}
+    noisy = {lit: n for lit, n in hits.items() if n > 0.10 * lines.len()}
+    assert not noisy, noisy
