@@ -61,6 +61,17 @@ def cmd_rules(args) -> int:
     return 1 if failures else 0
 
 
+def default_job_id(paths: list[str]) -> str:
+    """The Slurm id of a `slurm-<id>.out` among the inputs, else the first path's name."""
+    import re
+
+    for p in paths:
+        m = re.fullmatch(r"slurm-(\d+)(?:_\d+)?\.out", Path(p).name)
+        if m:
+            return m.group(1)
+    return Path(paths[0]).resolve().name
+
+
 def cmd_diagnose(args) -> int:
     from faultline.pipeline import diagnose_files
     from faultline.render import render
@@ -70,7 +81,7 @@ def cmd_diagnose(args) -> int:
     if missing and len(missing) == len(args.paths):
         print(f"faultline: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return 2
-    d = diagnose_files(args.paths, ruleset, job_id=args.job_id or Path(args.paths[0]).name,
+    d = diagnose_files(args.paths, ruleset, job_id=args.job_id or default_job_id(args.paths),
                        cluster=args.cluster, state=args.state)
     if args.format == "json":
         print(json.dumps(d, sort_keys=False, default=str))

@@ -84,7 +84,9 @@ def evaluate(root: Path, ruleset: Ruleset) -> list[CaseResult]:
     results = []
     for case in case_dirs(root):
         truth = yaml.safe_load((case / TRUTH).read_text(encoding="utf-8")) or {}
-        d = diagnose_files([case], ruleset, job_id=case.name, cluster="eval", state=truth.get("state", "UNKNOWN"))
+        # The case's own job id when the truth gives one; never the folder name ("015" is not a Slurm id).
+        job_id = str(truth.get("job_id") or f"case-{case.name}")
+        d = diagnose_files([case], ruleset, job_id=job_id, cluster="eval", state=truth.get("state", "UNKNOWN"))
         results.append(score_case(case.name, truth, d))
     return results
 

@@ -61,3 +61,19 @@ def test_when_every_candidate_names_the_same_node_the_node_stays(write, ruleset,
     # NVLink fault or machine check: whichever cause, the place is the same node.
     assert d["culprit"]["nodes"] == ["gpu-07"]
     assert d["ambiguous"] is (d["recommended_action"]["action"] == "human_review")
+
+
+def test_a_previous_jobs_scheduler_line_is_not_this_jobs_evidence(write, ruleset, capsys):
+    from faultline.cli import main
+
+    p = write("slurm-61121.out",
+              "slurmstepd: error: *** JOB 61120 ON gpu017 CANCELLED AT 2024-03-21T09:30:00 DUE TO TIME LIMIT ***",
+              "[rank0]: RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory")
+    assert main(["diagnose", str(p), "--format", "json"]) == 0
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    assert d["job_id"] == "61121" and d["outcome"] == "checkpoint" and not d["ambiguous"]
+    # the same line about this very job still counts
+    d2 = diagnose_files([p], ruleset, job_id="61120")
+    assert "scheduler_timelimit" in {d2["outcome"]} | {c["outcome"] for c in d2["candidates"]}

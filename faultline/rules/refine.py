@@ -27,6 +27,13 @@ def filter_symptoms(symptoms: pl.DataFrame, jobs: pl.DataFrame | None = None,
             | ((pl.col("ts") >= pl.col("start_time") - pl.duration(seconds=window_margin_s))
                & (pl.col("end_time").is_null() | (pl.col("ts") <= pl.col("end_time") + pl.duration(seconds=120))))
         ).drop("start_time", "end_time")
+    # A Slurm line about another job (`*** JOB 61120 ON ...` left in a reused output file) is not
+    # this job's evidence. Captures named `job`/`step` hold the Slurm id a line speaks of; compared
+    # only when this job's id is a plain number (array and het ids are printed differently).
+    spoken_of = pl.coalesce(pl.col("captures").str.json_path_match("$.job"),
+                            pl.col("captures").str.json_path_match("$.step")).str.extract(r"^(\d+)")
+    other_job = spoken_of.is_not_null() & pl.col("job_id").str.contains(r"^\d+$") & (spoken_of != pl.col("job_id"))
+    out = out.filter(~other_job.fill_null(False))
     # The most specific reading of each line wins; ties keep every rule.
     out = out.filter(pl.col("priority") == pl.col("priority").max().over([*KEY, "file", "seq"]))
     return out.unique(subset=[*KEY, "file", "seq", "rule_id"], keep="first", maintain_order=True)
