@@ -149,7 +149,8 @@ def hbar_chart(labels: list[str], series: list[tuple[str, list[float], str]], *,
                integer: bool = False) -> str:
     """Horizontal bars, one per label, stacked by series (name, values, colour); the total (or
     `value_labels[i]`) is written after each bar."""
-    ml, mr, mt = label_width, 80, 6
+    longest = min(28, max((len(lab) for lab in labels), default=0))  # labels are cut at 28 characters
+    ml, mr, mt = max(label_width, int(7 * longest) + 14), 80, 6  # room for the longest label
     mb = 24 if axis else 4
     pw = width - ml - mr
     n = len(labels)
