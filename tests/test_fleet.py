@@ -2,7 +2,7 @@
 
 import polars as pl
 
-from faultline.collectors.slurm import expand_hostlist, parse_sacct
+from faultline.collectors.slurm import expand_hostlist, expand_hostlists, parse_sacct
 from faultline.fleet.collect import collect_cluster
 from faultline.fleet.config import load_config
 from faultline.fleet.diagnose import diagnose_tables, verdict_changes
@@ -15,6 +15,13 @@ def test_hostlist_expansion():
     assert expand_hostlist("gpu[001-003,007],login1") == ["gpu001", "gpu002", "gpu003", "gpu007", "login1"]
     assert expand_hostlist("a[1-2]-ib[0-1]") == ["a1-ib0", "a1-ib1", "a2-ib0", "a2-ib1"]
     assert expand_hostlist("None assigned") == []
+
+
+def test_vectorized_hostlists_agree_with_the_reference():
+    cases = ["gpu[001-003,007],login1", "a[1-2]-ib[0-1]", "None assigned", "gpu017", "n[9-11]x,n[08]", "",
+             "gpu-a-[0001-0003]", "x[1],y[2-3]"]
+    got = expand_hostlists(pl.Series(cases)).to_list()
+    assert got == [expand_hostlist(c) for c in cases]
 
 
 def test_sacct_text_to_jobs_and_allocations():

@@ -51,6 +51,40 @@ def expand_hostlist(expr: str) -> list[str]:
     return hosts
 
 
+def expand_hostlists(lists: pl.Series) -> pl.Series:
+    """expand_hostlist over a column, vectorized: the one-bracket forms Slurm prints
+    (`gpu[001-003,007],login1`) unfold in Polars; only nested forms (`a[1-2]-ib[0-1]`) take the
+    per-string path."""
+    n = lists.len()
+    parts = (pl.DataFrame({"_i": pl.int_range(n, eager=True, dtype=pl.UInt32), "s": lists.cast(pl.String)})
+             .with_columns(s=pl.when(pl.col("s").is_in(["None assigned", "(null)", ""])).then(None).otherwise("s"))
+             .with_columns(part=pl.col("s").str.extract_all(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*"))
+             .explode("part").drop_nulls("part").with_row_index("_p"))
+    shape = pl.col("part").str.extract_groups(r"^([^\[]*)\[([^\]]*)\]([^\[\]]*)$")
+    parts = parts.with_columns(_g=shape)
+    nested = parts.filter(pl.col("part").str.count_matches(r"\[") > 1)
+    plain = parts.filter(pl.col("part").str.count_matches(r"\[") == 0).select("_i", "_p", k=pl.lit(0, pl.Int64),
+                                                                                host="part")
+    ranged = (parts.filter(pl.col("part").str.count_matches(r"\[") == 1)
+              .select("_i", "_p", pre=pl.col("_g").struct.field("1"), body=pl.col("_g").struct.field("2"),
+                      suf=pl.col("_g").struct.field("3"))
+              .with_columns(item=pl.col("body").str.split(",")).explode("item")
+              .with_columns(lo=pl.col("item").str.extract(r"^(\d+)"), hi=pl.col("item").str.extract(r"-(\d+)$"))
+              .with_columns(num=pl.when(pl.col("hi").is_not_null())
+                            .then(pl.int_ranges(pl.col("lo").cast(pl.Int64), pl.col("hi").cast(pl.Int64) + 1)))
+              .explode("num").with_row_index("k")
+              .select("_i", "_p", pl.col("k").cast(pl.Int64),
+                      host=pl.concat_str("pre", pl.when(pl.col("num").is_not_null())
+                                         .then(pl.col("num").cast(pl.String).str.zfill(pl.col("lo").str.len_chars()))
+                                         .otherwise(pl.col("item")), "suf")))
+    rare = (nested.select("_i", "_p", host=pl.col("part").map_elements(expand_hostlist, return_dtype=pl.List(pl.String)))
+            .explode("host").with_row_index("k").with_columns(pl.col("k").cast(pl.Int64)))
+    hosts = pl.concat([plain, ranged, rare.select("_i", "_p", "k", "host")]).sort("_i", "_p", "k")
+    out = pl.DataFrame({"_i": pl.int_range(n, eager=True, dtype=pl.UInt32)}).join(
+        hosts.group_by("_i", maintain_order=True).agg(pl.col("host")), on="_i", how="left").sort("_i")
+    return out["host"].fill_null(pl.lit([], pl.List(pl.String)))
+
+
 def _ts(col: str) -> pl.Expr:
     # sacct prints local time without zone; clusters are expected to run in UTC (SLURM_TIME_FORMAT).
     return (pl.col(col).replace({"Unknown": None, "None": None, "": None})
@@ -84,8 +118,7 @@ def parse_sacct(text: str, cluster: str) -> tuple[pl.DataFrame, pl.DataFrame]:
         signal=pl.col("ExitCode").str.extract(r":(\d+)$").cast(pl.Int32, strict=False),
         submit_time=_ts("Submit"), start_time=_ts("Start"), end_time=_ts("End"),
         num_nodes=pl.col("NNodes").cast(pl.Int32, strict=False), num_gpus=gpus,
-        nodes=pl.col("NodeList").map_elements(expand_hostlist, return_dtype=pl.List(pl.String)),
-    )
+    ).with_columns(nodes=expand_hostlists(raw["NodeList"]))
     allocations = (jobs.select("cluster", "job_id", "attempt", "nodes", "num_gpus", "num_nodes")
                    .explode("nodes").drop_nulls("nodes")
                    .select("cluster", "job_id", "attempt", node=pl.col("nodes"),
