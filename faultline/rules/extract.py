@@ -41,7 +41,13 @@ def empty_symptoms() -> pl.DataFrame:
 
 
 def prefilter_literals(ruleset: Ruleset) -> list[str]:
-    return sorted({lit for r in ruleset.log_rules for lit in r.log.literals})
+    """The literals a candidate line must hold one of: every rule's, minus those holding a shorter one.
+
+    A line holding "nccl warn" holds "nccl" too, so the longer literal adds nothing to "contains
+    any" and only slows the scan.
+    """
+    lits = {lit for r in ruleset.log_rules for lit in r.log.literals}
+    return sorted(lit for lit in lits if not any(o != lit and o in lit for o in lits))
 
 
 _RE_META = set("\\.+*?()|[]{}^$#&-~")
@@ -73,106 +79,158 @@ def prefilter_expr(literals: list[str] | tuple[str, ...], column: str = "line") 
     return pl.col(column).str.contains(pattern)
 
 
-def _rule_rows(cand: pl.DataFrame, rules: tuple[Rule, ...]) -> dict[int, pl.Series] | None:
-    """Row numbers of `cand` holding some literal of each rule, from one Aho-Corasick pass.
+def _routes(text: pl.DataFrame, rules: tuple[Rule, ...]) -> pl.DataFrame | None:
+    """(rule, row) pairs, sorted: the rows (`_row`) of `text` holding some literal of each rule.
 
-    Same sets as filtering `cand` once per rule with that rule's literals, without re-scanning
-    every candidate line for each of the hundreds of rules. None when literals are not plain ASCII.
+    Same sets as filtering `text` once per rule with that rule's literals, from one Aho-Corasick
+    pass instead of hundreds of re-scans. None when literals are not plain ASCII.
     """
     owners: dict[str, list[int]] = {}
     for i, rule in enumerate(rules):
         for lit in rule.log.literals:
-            owners.setdefault(lit, []).append(i)
+            owners.setdefault(lit.lower(), []).append(i)
     lits = list(owners)
     if not all(lit.isascii() for lit in lits):
         return None
-    table = pl.DataFrame({"_lit": lits, "_rule": list(owners.values())},
-                         schema={"_lit": pl.String, "_rule": pl.List(pl.UInt32)}).explode("_rule")
-    pairs = (cand.select(_row=pl.int_range(pl.len(), dtype=pl.UInt32),
-                         _lit=pl.col("line").str.extract_many(lits, ascii_case_insensitive=True, overlapping=True))
-             .explode("_lit").drop_nulls("_lit")
-             .with_columns(pl.col("_lit").str.to_lowercase())
-             .join(table, on="_lit")
-             .select("_rule", "_row").unique()
-             .sort("_rule", "_row"))
-    return {int(k): part["_row"] for (k,), part in pairs.partition_by("_rule", as_dict=True, maintain_order=True).items()}
+    # An ASCII-case-insensitive hit lower-cased is the literal itself: its position in `lits`
+    # (an Enum's physical value) picks the rules that own it.
+    owner_lists = pl.Series(list(owners.values()), dtype=pl.List(pl.UInt32))
+    key = (text.lazy()
+           .select("_row", _lit=pl.col("line").str.extract_many(lits, ascii_case_insensitive=True, overlapping=True))
+           .explode("_lit").drop_nulls("_lit")
+           .select("_row", _rule=pl.lit(owner_lists).gather(pl.col("_lit").str.to_lowercase().cast(pl.Enum(lits)).to_physical()))
+           .explode("_rule")
+           .select(_k=pl.col("_rule").cast(pl.UInt64) * (1 << 32) + pl.col("_row").cast(pl.UInt64))
+           .collect(engine="streaming")["_k"].sort().unique(maintain_order=True))
+    return pl.DataFrame({"_rule": (key // (1 << 32)).cast(pl.UInt32), "_row": (key % (1 << 32)).cast(pl.UInt32)})
 
 
-def _rule_frame(rule: Rule, hits: pl.DataFrame) -> pl.DataFrame:
-    """Turn the lines one rule matched into symptom rows."""
+_MATCH = "_faultline_match"  # a group around the whole regex: its value says the line matched
+_OVERRIDES = _EMIT_COLS + ("action",)
+
+# One narrow row per rule hit; the line's own columns and the rule's constants are joined once at the end.
+_HIT_SCHEMA = {
+    "_row": pl.UInt32, "_rule": pl.UInt32, "captures": pl.String,
+    "peer": pl.String, "address": pl.String, "peer_rank": pl.String,
+    **{f"cap_{f}": (pl.String if f == "node" else pl.Int32) for f in LINE_FIELDS},
+    **{f"lk_{c}": pl.String for c in _OVERRIDES}, "lk_priority": pl.Int32,
+}
+_CHUNK_ROWS = 1 << 16  # a rule's rows are cut in pieces so the two cores share big rules too
+
+
+def _by_identity(build):
+    """Cache `build(obj)` per object (rules hold dict rows, so they cannot be hashed by value)."""
+    cache: dict[int, tuple[object, object]] = {}
+
+    def get(obj):
+        hit = cache.get(id(obj))
+        if hit is None or hit[0] is not obj:
+            if len(cache) > 4096:
+                cache.clear()
+            hit = cache[id(obj)] = (obj, build(obj))
+        return hit[1]
+    return get
+
+
+@_by_identity
+def _lookup_frame(lookup) -> pl.DataFrame:
+    table = pl.DataFrame(list(lookup.rows), infer_schema_length=None).cast(pl.String)
+    keep = ["key", *[c for c in (*_OVERRIDES, "priority") if c in table.columns]]
+    return table.select(keep).rename({c: f"lk_{c}" for c in keep if c != "key"})
+
+
+@_by_identity
+def _hit_exprs(rule: Rule) -> tuple[pl.Expr | None, pl.Expr, list[pl.Expr], dict[str, pl.Expr]]:
+    """A rule's expressions, built once (Python-side expression building costs more than small hits).
+
+    Returns the source filter, the match (a filter for rules without captures; else the capture
+    struct `_cap`, whose wrapping group is null when the line does not match: one regex pass),
+    the capture columns, and the narrow output columns.
+    """
+    sources = pl.col("source").is_in(list(rule.log.sources)) if rule.log.sources else None
     caps = list(rule.log.captures)
-    if caps:
-        hits = hits.with_columns(pl.col("line").str.extract_groups(rule.log.regex).alias("_cap")).with_columns(
-            [pl.col("_cap").struct.field(c).alias(f"cap_{c}") for c in caps])
-        captures_json = pl.struct([pl.col(f"cap_{c}").alias(c) for c in caps]).struct.json_encode()
+    if not caps:
+        match, fields = pl.col("line").str.contains(rule.log.regex), []
+        cols = {"captures": pl.lit("{}")}
     else:
-        captures_json = pl.lit("{}")
+        match = pl.col("line").str.extract_groups(f"(?P<{_MATCH}>{rule.log.regex})").alias("_cap")
+        fields = [pl.col("_cap").struct.field(c).alias(f"cap_{c}") for c in caps]
+        cols = {"captures": pl.struct([pl.col(f"cap_{c}").alias(c) for c in caps]).struct.json_encode()}
     e = rule.emits
-    out = hits.with_columns(
-        rule_id=pl.lit(rule.id), symptom=pl.lit(e.symptom), role=pl.lit(e.role), domain=pl.lit(e.domain),
-        implicates=pl.lit(e.implicates), outcome=pl.lit(e.outcome), priority=pl.lit(rule.priority, pl.Int32),
-        action=pl.lit(rule.action), summary=pl.lit(e.summary),
-        peer=pl.col(f"cap_{e.peer}") if e.peer else pl.lit(None, pl.String),
-        address=pl.col(f"cap_{e.address}") if e.address else pl.lit(None, pl.String),
-        peer_rank=pl.col(f"cap_{e.peer_rank}") if e.peer_rank else pl.lit(None, pl.String),
-        captures=captures_json,
-    )
+    for name, cap in (("peer", e.peer), ("address", e.address), ("peer_rank", e.peer_rank)):
+        cols[name] = pl.col(f"cap_{cap}") if cap else pl.lit(None, pl.String)
     # A capture named like a line field says more than the prefix: it is in the message itself.
-    fixes = []
     for f in LINE_FIELDS:
-        if f in caps:
-            value = pl.col(f"cap_{f}")
-            if f != "node":
-                value = value.cast(pl.Int32, strict=False)
-            fixes.append(pl.coalesce(value, pl.col(f)).alias(f))
-    if fixes:
-        out = out.with_columns(fixes)
+        value = pl.col(f"cap_{f}") if f in caps else pl.lit(None, pl.String)
+        cols[f"cap_{f}"] = value if f == "node" else value.cast(pl.Int32, strict=False)
+    lk = _lookup_frame(rule.lookup).columns if rule.lookup is not None else []
+    for c in _OVERRIDES:
+        cols[f"lk_{c}"] = pl.col(f"lk_{c}") if f"lk_{c}" in lk else pl.lit(None, pl.String)
+    cols["lk_priority"] = pl.col("lk_priority").cast(pl.Int32, strict=False) if "lk_priority" in lk else pl.lit(None, pl.Int32)
+    return sources, match, fields, cols
+
+
+def _hit_plan(i: int, rule: Rule, text: pl.DataFrame) -> pl.LazyFrame:
+    """The hits of rule `i` among `text` (_row, line, source), as narrow rows (_HIT_SCHEMA)."""
+    sources, match, fields, cols = _hit_exprs(rule)
+    lf = text.lazy()
+    if sources is not None:
+        lf = lf.filter(sources)
+    if fields:
+        lf = lf.select("_row", match).filter(pl.col("_cap").struct.field(_MATCH).is_not_null()).select("_row", *fields)
+    else:
+        lf = lf.filter(match)
     if rule.lookup is not None:
-        out = _apply_lookup(rule, out)
-    return out.select(list(SYMPTOM_SCHEMA))
+        lf = lf.join(_lookup_frame(rule.lookup).lazy(), left_on=f"cap_{rule.lookup.capture}", right_on="key",
+                     how="left", maintain_order="left")
+    return lf.select("_row", pl.lit(i, pl.UInt32).alias("_rule"), **cols)
 
 
-def _apply_lookup(rule: Rule, out: pl.DataFrame) -> pl.DataFrame:
-    table = pl.DataFrame(list(rule.lookup.rows), infer_schema_length=None).cast(pl.String)
-    table = table.rename({c: f"lk_{c}" for c in table.columns if c != "key"})
-    out = out.join(table, left_on=f"cap_{rule.lookup.capture}", right_on="key", how="left", maintain_order="left")
-    overrides = []
-    for c in _EMIT_COLS + ("action",):
-        if f"lk_{c}" in out.columns:
-            overrides.append(pl.coalesce(pl.col(f"lk_{c}"), pl.col(c)).alias(c))
-    if "lk_priority" in out.columns:
-        overrides.append(pl.coalesce(pl.col("lk_priority").cast(pl.Int32, strict=False), pl.col("priority")).alias("priority"))
-    return out.with_columns(overrides)
+@_by_identity
+def _rule_constants(rules: tuple[Rule, ...]) -> pl.DataFrame:
+    """Row i: what rule i emits unless a lookup row says otherwise."""
+    return pl.DataFrame({
+        "rule_id": [r.id for r in rules], **{c: [getattr(r.emits, c) for r in rules] for c in _EMIT_COLS},
+        "priority": [r.priority for r in rules], "action": [r.action for r in rules],
+    }, schema={"rule_id": pl.String, **{c: pl.String for c in _EMIT_COLS}, "priority": pl.Int32, "action": pl.String})
 
 
 def extract_logs(lines: pl.DataFrame, ruleset: Ruleset, literals: list[str] | None = None) -> pl.DataFrame:
-    """All log rules over all lines; `lines` follows LOG_SCHEMA (any number of jobs)."""
+    """All log rules over all lines; `lines` follows LOG_SCHEMA (any number of jobs).
+
+    Output rows come rule by rule (ruleset order), lines in input order within a rule.
+    """
     rules = ruleset.log_rules
     if lines.height == 0 or not rules:
         return empty_symptoms()
     literals = literals if literals is not None else prefilter_literals(ruleset)
-    cand = lines.filter(prefilter_expr(literals))
+    # rechunk: gathers from a filtered frame are ~20x slower until its string buffers are compacted
+    cand = lines.filter(prefilter_expr(literals)).rechunk()
     if cand.height == 0:
         return empty_symptoms()
-    rows = _rule_rows(cand, rules)
-    parts = []
-    for i, rule in enumerate(rules):
-        if rows is None:
-            hits = cand.filter(pl.col("line").str.contains_any(list(rule.log.literals), ascii_case_insensitive=True))
-        elif i in rows:
-            hits = cand[rows[i]]
-        else:
-            continue
-        if rule.log.sources:
-            hits = hits.filter(pl.col("source").is_in(list(rule.log.sources)))
-        if hits.height == 0:
-            continue
-        hits = hits.filter(pl.col("line").str.contains(rule.log.regex))
-        if hits.height:
-            parts.append(_rule_frame(rule, hits))
-    if not parts:
+    text = cand.select(_row=pl.int_range(pl.len(), dtype=pl.UInt32), line="line", source="source")
+    routes = _routes(text, rules)
+    plans = []
+    if routes is None:
+        for i, rule in enumerate(rules):
+            lits = list(rule.log.literals)
+            plans.append(_hit_plan(i, rule, text.filter(
+                pl.col("line").str.contains_any(lits, ascii_case_insensitive=True))))
+    else:
+        for (i,), part in routes.partition_by("_rule", as_dict=True, maintain_order=True).items():
+            rows = part["_row"]
+            for k in range(0, rows.len(), _CHUNK_ROWS):
+                plans.append(_hit_plan(i, rules[i], text[rows.slice(k, _CHUNK_ROWS)]))
+    hits = pl.concat(pl.collect_all(plans, engine="streaming"), how="vertical").sort("_rule", "_row")
+    if hits.height == 0:
         return empty_symptoms()
-    return pl.concat(parts, how="vertical")
+    const = _rule_constants(rules)[hits["_rule"]]
+    base = cand[hits["_row"]]
+    out = pl.concat([base, const, hits.drop("_row", "_rule")], how="horizontal")
+    return out.with_columns(
+        *[pl.coalesce(f"lk_{c}", c).alias(c) for c in (*_OVERRIDES, "priority")],
+        *[pl.coalesce(f"cap_{f}", f).alias(f) for f in LINE_FIELDS],
+    ).select(list(SYMPTOM_SCHEMA))
 
 
 def extract_jobs(jobs: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
