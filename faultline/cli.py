@@ -17,10 +17,14 @@ def _ruleset(args):
         return load_ruleset([Path(p) for p in getattr(args, "rules", None) or []],
                             builtin=not getattr(args, "no_builtin", False))
     except RulesetError as exc:
-        print(f"faultline: the rule packs have {len(exc.problems)} problem(s):", file=sys.stderr)
-        for p in exc.problems:
-            print(f"  {p}", file=sys.stderr)
+        _print_ruleset_problems(exc)
         raise SystemExit(2) from None
+
+
+def _print_ruleset_problems(exc) -> None:
+    print(f"faultline: the rule packs have {len(exc.problems)} problem(s):", file=sys.stderr)
+    for p in exc.problems:
+        print(f"  {p}", file=sys.stderr)
 
 
 def cmd_rules(args) -> int:
@@ -63,13 +67,9 @@ def cmd_rules(args) -> int:
 
 def default_job_id(paths: list[str]) -> str:
     """The Slurm id of a `slurm-<id>.out` among the inputs, else the first path's name."""
-    import re
+    from faultline.collectors.files import slurm_job_id
 
-    for p in paths:
-        m = re.fullmatch(r"slurm-(\d+)(?:_\d+)?\.out", Path(p).name)
-        if m:
-            return m.group(1)
-    return Path(paths[0]).resolve().name
+    return slurm_job_id(paths) or Path(paths[0]).resolve().name
 
 
 def cmd_diagnose(args) -> int:
@@ -82,7 +82,7 @@ def cmd_diagnose(args) -> int:
         print(f"faultline: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return 2
     d = diagnose_files(args.paths, ruleset, job_id=args.job_id or default_job_id(args.paths),
-                       cluster=args.cluster, state=args.state)
+                       cluster=args.cluster, state=args.state, exit_code=args.exit_code)
     if args.format == "json":
         print(json.dumps(d, sort_keys=False, default=str))
     else:
@@ -188,6 +188,30 @@ def cmd_flow(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import logging
+
+    import uvicorn
+
+    from faultline.fleet.config import ConfigError
+    from faultline.rules.loader import RulesetError
+    from faultline.service.app import create_app
+    from faultline.service.settings import Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = create_app(Settings.from_args(args))
+    except RulesetError as exc:
+        _print_ruleset_problems(exc)
+        return 2
+    except (ConfigError, ValueError) as exc:
+        print(f"faultline: {exc}", file=sys.stderr)
+        return 2
+    # The service logs one line per request itself; uvicorn's access log would repeat it.
+    uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="info")
+    return 0
+
+
 def cmd_serve_flows(args) -> int:
     from faultline.flows.env import configure_prefect
 
@@ -235,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--cluster", default="local")
     diag.add_argument("--state", default="UNKNOWN", choices=list(taxonomy.JOB_STATES),
                       help="the scheduler's state of the job, if known")
+    diag.add_argument("--exit-code", type=int, help="the job's exit code, if known")
     diag.add_argument("--rules", action="append", help="extra rule pack folder (repeatable)")
     diag.set_defaults(func=cmd_diagnose)
 
@@ -256,6 +281,20 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--rules", action="append", help="diagnose/backtest: extra or candidate rule pack folder")
     fl.add_argument("--no-builtin", action="store_true", help="backtest: the candidate is only the --rules packs")
     fl.set_defaults(func=cmd_flow)
+
+    api = sub.add_parser("serve", help="the HTTP API: diagnose jobs, read stored diagnoses (docs/service.md)")
+    api.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    api.add_argument("--port", type=int, default=8080)
+    api.add_argument("--config", help="fleet config for diagnosis by reference and stored diagnoses "
+                                      "(a faultline.yaml or its data dir; default: data/faultline.yaml if present)")
+    api.add_argument("--max-body-mb", type=float, default=512, help="largest request body in MiB (413 past it)")
+    api.add_argument("--workers-max", type=int, default=2, help="diagnoses run at once; more requests queue")
+    api.add_argument("--queue-timeout", type=float, default=30,
+                     help="seconds a request may wait for a free worker before 503 (default 30)")
+    api.add_argument("--tmp-dir", help="where uploaded logs are written while diagnosed (default: system temp)")
+    api.add_argument("--rules", action="append", help="extra rule pack folder (repeatable; default: the config's rules)")
+    api.add_argument("--no-builtin", action="store_true", help="load only the --rules packs")
+    api.set_defaults(func=cmd_serve)
 
     sv = sub.add_parser("serve-flows", help="serve the deployments of prefect.yaml (schedules, event trigger)")
     sv.add_argument("--data-dir", default="data")

@@ -78,7 +78,7 @@ def _job_year(paths: list[Path]) -> int:
 
 def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job", cluster: str = "local",
                   attempt: int = 0, state: str = "UNKNOWN", block_bytes: int = filecol.BLOCK_BYTES,
-                  max_line: int = filecol.MAX_LINE) -> Evidence:
+                  max_line: int = filecol.MAX_LINE, exit_code: int | None = None) -> Evidence:
     """Stream the files of one job through parse + extract; keep only symptoms and per-rank stats."""
     files, reports = filecol.expand(paths)
     year = _job_year(files)
@@ -145,7 +145,7 @@ def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job"
     symptoms = pl.concat(symptom_parts, how="vertical") if symptom_parts else pl.DataFrame(schema=SYMPTOM_SCHEMA)
     stats = (pl.concat(stat_parts).group_by([*KEY, "node", "rank"]).agg(pl.col("lines").sum())
              if stat_parts else pl.DataFrame(schema=STATS_SCHEMA))
-    jobs = pl.DataFrame([{**key, "state": state, "exit_code": None, "signal": None,
+    jobs = pl.DataFrame([{**key, "state": state, "exit_code": exit_code, "signal": None,
                           "start_time": None, "end_time": None}], schema=JOBS_SCHEMA)
     return Evidence(jobs=jobs, symptoms=symptoms, stats=stats.cast(STATS_SCHEMA),
                     coverage=file_coverage(reports, key), files=reports)

@@ -39,6 +39,7 @@ _NOT_HOST = re.compile(
     r"(?i)^(?:slurm|job|log|logs|out|output|stdout|stderr|err|train|training|run|dmesg|syslog|kern|messages|journal|"
     r"events|describe|case|rank|nccl|torch|python|test|tmp|data|hostfile|hosts|hostname|nodes|nodelist)(?:[\-_.]?\d*)?$")
 _SUFFIXES = (".log", ".out", ".err", ".txt", ".gz", ".bz2", ".xz", ".dmesg", ".syslog", ".kern", ".journal")
+_SLURM_OUT = re.compile(r"slurm-(\d+)(?:_\d+)?\.out")
 SKIPPED_NAMES = ("truth.yaml",)  # labels of evaluation cases, not evidence
 
 
@@ -84,6 +85,15 @@ def expand(paths: list[str | Path]) -> tuple[list[Path], list[FileReport]]:
         else:
             missing.append(FileReport(str(p), "applog", None, None, status="error", reason="no such file or folder"))
     return files, missing
+
+
+def slurm_job_id(paths: list[str | Path]) -> str | None:
+    """The Slurm job id a `slurm-<id>.out` (or array `slurm-<id>_<task>.out`) among `paths` names."""
+    for p in paths:
+        m = _SLURM_OUT.fullmatch(Path(p).name)
+        if m:
+            return m.group(1)
+    return None
 
 
 def _stem(name: str) -> str:

@@ -61,9 +61,10 @@ def _check(kind_of: str, section: dict | None, kinds: tuple[str, ...], where: st
         raise ConfigError(f"{where}: {kind_of}.kind must be one of {kinds}")
 
 
-def load_config(data_dir: Path) -> FleetConfig:
+def load_config(data_dir: Path, path: Path | None = None) -> FleetConfig:
+    """The fleet config of `data_dir`: `<data_dir>/faultline.yaml`, or the file `path` when given."""
     data_dir = Path(data_dir)
-    path = data_dir / "faultline.yaml"
+    path = Path(path) if path is not None else data_dir / "faultline.yaml"
     if not path.is_file():
         raise ConfigError(f"{path} not found: run `faultline simulate` + `faultline demo`, or write one (see docs/fleet.md)")
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import polars as pl
@@ -18,6 +19,14 @@ from faultline.warehouse.store import Warehouse
 
 class JobNotFound(LookupError):
     pass
+
+
+class SourceError(RuntimeError):
+    """The job's scheduler could not be asked (sacct failed or timed out, unreadable or malformed output)."""
+
+
+# What asking a scheduler can raise: a failed or missing command, a timeout, output that does not parse.
+SCHEDULER_ERRORS = (OSError, RuntimeError, ValueError, subprocess.SubprocessError, pl.exceptions.PolarsError)
 
 
 def find_job(cluster: ClusterConfig, job_id: str) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -39,7 +48,11 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
     cluster = next((c for c in cfg.clusters if c.name == cluster_name), None)
     if cluster is None:
         raise JobNotFound(f"cluster {cluster_name!r} is not configured")
-    jobs, allocs = find_job(cluster, job_id)
+    try:
+        jobs, allocs = find_job(cluster, job_id)
+    except SCHEDULER_ERRORS as exc:
+        raise SourceError(f"scheduler of cluster {cluster_name} ({cluster.scheduler['kind']}): "
+                          f"{type(exc).__name__}: {exc}"[:500]) from exc
     jobs = jobs.filter(pl.col("attempt") == pl.col("attempt").max())  # the latest attempt
     errors: dict[str, str] = {}
     try:

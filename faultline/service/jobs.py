@@ -1,0 +1,68 @@
+"""One diagnosis, run in a worker thread.
+
+inline        the uploaded files go into a private folder and through `faultline.pipeline.diagnose_files`,
+              with the job id, cluster, state and exit code as `faultline diagnose` passes them; the
+              evidence then names each file as the client named it (not the temp folder), so the
+              same upload gives the same verdict every time.
+by reference  `faultline.fleet.single.diagnose_one`: the job's scheduler and log source, through the
+              warehouse, as `faultline flow job` does.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from faultline.fleet.config import FleetConfig
+from faultline.fleet.single import JobNotFound, SourceError, diagnose_one
+from faultline.pipeline import diagnose_files
+from faultline.rules.model import Ruleset
+from faultline.service.errors import ApiError
+from faultline.service.inputs import InlineJob, RefJob
+from faultline.service.uploads import BadUpload, write_upload
+from faultline.warehouse.store import WarehouseError
+
+# Files of an upload sit in <tmp>/faultline-serve-XXXX/job/...: a top-level file's folder name ("job")
+# is one that never reads as a node name, just as a file given on its own to `faultline diagnose`.
+UPLOAD_FOLDER = "job"
+
+
+def diagnose_inline(job: InlineJob, ruleset: Ruleset, tmp_dir: Path | None = None) -> dict:
+    base = Path(tempfile.mkdtemp(prefix="faultline-serve-", dir=tmp_dir))
+    try:
+        root = base / UPLOAD_FOLDER
+        root.mkdir()
+        try:
+            paths = write_upload(root, job.uploads)
+        except BadUpload as exc:
+            raise ApiError(400, "invalid_file", str(exc)) from None
+        d = diagnose_files(paths, ruleset, job_id=job.job_id, cluster=job.cluster, state=job.state,
+                           exit_code=job.exit_code)
+        return relativize(d, root)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def relativize(d: dict, root: Path) -> dict:
+    """The diagnosis with every evidence `file` named relative to the upload folder (as uploaded)."""
+    prefix = str(root) + "/"
+
+    def rel(ev: list[dict]) -> list[dict]:
+        return [{**e, "file": e["file"][len(prefix):] if isinstance(e.get("file"), str)
+                 and e["file"].startswith(prefix) else e.get("file")} for e in ev]
+
+    out = {**d, "evidence": rel(d.get("evidence") or [])}
+    out["candidates"] = [{**c, "evidence": rel(c.get("evidence") or [])} for c in d.get("candidates") or []]
+    return out
+
+
+def diagnose_by_reference(cfg: FleetConfig, job: RefJob, ruleset: Ruleset) -> dict:
+    try:
+        return diagnose_one(cfg, job.cluster, job.job_id, ruleset)
+    except JobNotFound as exc:
+        raise ApiError(404, "job_not_found", str(exc)) from None
+    except SourceError as exc:
+        raise ApiError(502, "source_failed", str(exc)) from None
+    except WarehouseError as exc:
+        raise ApiError(500, "warehouse_error", f"the diagnosis could not be stored: {exc}") from None
