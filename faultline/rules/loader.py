@@ -43,8 +43,8 @@ class RulesetError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that remembers the line of each mapping as `__line__`."""
+class _LineLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """SafeLoader (libyaml's C parser when present: ~8x faster) that remembers each mapping's line as `__line__`."""
 
 
 def _construct_mapping(loader, node, deep=False):
