@@ -282,6 +282,70 @@ def _rg(data: Path, patterns: Path):
     return {"seconds": wall, "matched_lines": matched}, rss
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def _peak_rss(pid: int) -> int:
+    """VmHWM of a running process (its peak resident set so far), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def service_latency(job: Path, requests: int, log) -> dict:
+    """Start `faultline serve`, POST the job's files inline `requests` times (after 2 warm-ups), stop it."""
+    import base64
+    import tempfile
+
+    import httpx
+
+    files = sorted(f for f in job.rglob("*") if f.is_file())
+    body = json.dumps({"job_id": "bench", "state": "FAILED", "files": [
+        {"name": str(f.relative_to(job)), "base64": base64.b64encode(f.read_bytes()).decode()} for f in files]})
+    lines = sum(f.read_bytes().count(b"\n") for f in files)
+    port = _free_port()
+    fl = shutil.which("faultline") or "faultline"
+    with tempfile.TemporaryDirectory() as cwd:  # no data/faultline.yaml there: inline diagnosis only
+        server = subprocess.Popen([fl, "serve", "--host", "127.0.0.1", "--port", str(port)], cwd=cwd,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            with httpx.Client(timeout=120) as client:
+                deadline = time.monotonic() + 120
+                while True:
+                    try:
+                        if client.get(url + "/healthz").status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("faultline serve did not come up")
+                    time.sleep(0.2)
+                headers = {"content-type": "application/json"}
+                latencies, outcome = [], None
+                for k in range(requests + 2):
+                    t0 = time.perf_counter()
+                    r = client.post(url + "/v1/diagnose", content=body, headers=headers)
+                    dt = time.perf_counter() - t0
+                    r.raise_for_status()
+                    outcome = r.json()["outcome"]
+                    if k >= 2:
+                        latencies.append(dt)
+            peak = _peak_rss(server.pid)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    latencies.sort()
+    return {"seconds": statistics.median(latencies), "latencies_s": latencies,
+            "p95_s": latencies[min(len(latencies) - 1, int(round(0.95 * (len(latencies) - 1))))],
+            "lines": lines, "bytes": sum(f.stat().st_size for f in files), "peak_rss": peak, "outcome": outcome}
+
+
 def _median_run(fn, repeat: int) -> tuple[dict, list[float], int]:
     runs, peak, last = [], 0, {}
     for _ in range(repeat):
@@ -292,7 +356,8 @@ def _median_run(fn, repeat: int) -> tuple[dict, list[float], int]:
     return last, runs, peak
 
 
-def run_scenario(name: str, work: Path, repeat: int, log) -> list[dict]:
+def run_scenario(name: str, work: Path, repeat: int, log, stages: set[str] | None = None,
+                 reuse: bool = False) -> list[dict]:
     from baselines import rg_patterns
     from data import make_fleet_scenario, make_single_job
 
@@ -300,12 +365,19 @@ def run_scenario(name: str, work: Path, repeat: int, log) -> list[dict]:
 
     spec = SCENARIOS[name]
     data = work / name
-    shutil.rmtree(data, ignore_errors=True)
-    t0 = time.perf_counter()
-    info = make_fleet_scenario(data, spec["failed"], chatter=spec["chatter"], replicas=spec["replicas"], log=log)
-    if spec["single_lines"]:
-        info["single"] = make_single_job(data / "single", total_lines=spec["single_lines"])
-    log(f"  [{name}] data generated in {time.perf_counter() - t0:.1f}s")
+    want = lambda stage: stages is None or stage in stages  # noqa: E731
+    info_file = data / "info.json"
+    if reuse and info_file.exists():
+        info = json.loads(info_file.read_text())
+        log(f"  [{name}] reusing data in {data}")
+    else:
+        shutil.rmtree(data, ignore_errors=True)
+        t0 = time.perf_counter()
+        info = make_fleet_scenario(data, spec["failed"], chatter=spec["chatter"], replicas=spec["replicas"], log=log)
+        if spec["single_lines"]:
+            info["single"] = make_single_job(data / "single", total_lines=spec["single_lines"])
+        info_file.write_text(json.dumps(info, default=str))
+        log(f"  [{name}] data generated in {time.perf_counter() - t0:.1f}s")
     rs = load_ruleset()
     pats, pats_u = data / "patterns.txt", data / "patterns_unicode.txt"
     pats.write_text("\n".join(rg_patterns(rs)) + "\n")
@@ -322,36 +394,44 @@ def run_scenario(name: str, work: Path, repeat: int, log) -> list[dict]:
 
     # baselines first (the text is in the page cache for everyone after generation)
     rg = rg_u = None
-    if shutil.which("rg"):
+    if not want("ripgrep"):
+        pass
+    elif shutil.which("rg"):
         res, runs, peak = _median_run(lambda: _rg(data, pats), repeat)
         rg = row("ripgrep", {**res, "lines": info["lines"], "bytes": info["bytes"]}, runs, peak,
                  patterns=len(rs.log_rules), matched_lines=res["matched_lines"])
-        if name in ("smoke", "S"):
+        if name in ("smoke", "S") and want("ripgrep_unicode"):
             res, runs, peak = _median_run(lambda: _rg(data, pats_u), 1)
             rg_u = row("ripgrep_unicode", {**res, "lines": info["lines"], "bytes": info["bytes"]}, runs, peak,
                        patterns=len(rs.log_rules), note="same patterns without (?-u), 1 run")
     else:
         row("ripgrep", {}, [], 0, note="rg not installed (apt-get install ripgrep): skipped")
     py = None
-    if spec["py_lines"]:
+    if spec["py_lines"] and want("python_loop"):
         res, runs, peak = _median_run(lambda: _py_stage("python", data, "--limit", str(spec["py_lines"])), repeat)
         py = row("python_loop", res, runs, peak, patterns=res["patterns"], refused=res["refused"],
                  note=f"first {res['lines']:,} lines; rate extrapolates")
 
-    if spec.get("stream"):
+    if spec.get("stream") and want("stream"):
         res, runs, peak = _median_run(lambda: _py_stage("stream", data), 1)
         row("stream", res, runs, peak, diagnoses=res["diagnoses"],
             note=f"ingest+diagnose batch by batch, {info['replicas']} replicas of {info['unique_lines']:,} lines")
-    else:
-        ing = row("ingest", *_median_run(lambda: _py_stage("ingest", data), repeat))
-        res, runs, peak = _median_run(lambda: _py_stage("extract", data), repeat)
-        row("extract", res, runs, peak, rules=res["rules"], symptoms=res["symptoms"], matched_lines=res["matched_lines"])
-        res, runs, peak = _median_run(lambda: _py_stage("diagnose", data), repeat)
-        dg = row("diagnose", res, runs, peak, diagnoses=res["diagnoses"], outcomes=res["outcomes"])
-        rows.append({"stage": "e2e", "scenario": name, "lines": dg["lines"], "bytes": dg["bytes"],
-                     "median_s": ing["median_s"] + dg["median_s"], "runs_s": [], "peak_rss": max(ing["peak_rss"], dg["peak_rss"]),
-                     "note": "ingest + diagnose"})
-    if spec["single_lines"]:
+    elif not spec.get("stream"):
+        ing = dg = None
+        needs_parquet = (want("extract") or want("diagnose")) and not (data / "parquet").is_dir()
+        if want("ingest") or needs_parquet:  # extract and diagnose read its Parquet
+            ing = row("ingest", *_median_run(lambda: _py_stage("ingest", data), repeat))
+        if want("extract"):
+            res, runs, peak = _median_run(lambda: _py_stage("extract", data), repeat)
+            row("extract", res, runs, peak, rules=res["rules"], symptoms=res["symptoms"], matched_lines=res["matched_lines"])
+        if want("diagnose"):
+            res, runs, peak = _median_run(lambda: _py_stage("diagnose", data), repeat)
+            dg = row("diagnose", res, runs, peak, diagnoses=res["diagnoses"], outcomes=res["outcomes"])
+        if ing and dg:
+            rows.append({"stage": "e2e", "scenario": name, "lines": dg["lines"], "bytes": dg["bytes"],
+                         "median_s": ing["median_s"] + dg["median_s"], "runs_s": [],
+                         "peak_rss": max(ing["peak_rss"], dg["peak_rss"]), "note": "ingest + diagnose"})
+    if spec["single_lines"] and want("single"):
         res, runs, peak = _median_run(lambda: _py_stage("single", data), repeat)
         row("single", res, runs, peak, outcome=res["outcome"], culprit=res["culprit"],
             load_ruleset_s=res["load_ruleset_s"], nodes=64)
@@ -363,8 +443,11 @@ def run_scenario(name: str, work: Path, repeat: int, log) -> list[dict]:
         res, runs, peak = _median_run(cli, repeat)
         row("single_cli", {"lines": rows[-1]["lines"], "bytes": rows[-1]["bytes"], **res}, runs, peak,
             note="`faultline diagnose DIR --format json` wall time, interpreter start-up included")
-        rows.append({"stage": "service", "scenario": name, "lines": None, "bytes": None, "median_s": None,
-                     "runs_s": [], "peak_rss": None, "note": "skipped: /v1/diagnose does not exist yet"})
+    if spec["single_lines"] and want("service"):
+        res = service_latency(data / "single", requests=max(20, 5 * repeat), log=log)
+        row("service", res, res["latencies_s"], res["peak_rss"], p95_s=res["p95_s"], outcome=res["outcome"],
+            note=f"POST /v1/diagnose, the 64-node job inline as JSON, {len(res['latencies_s'])} requests to one "
+                 f"`faultline serve` (ruleset loaded at start-up); client-side latency, p95 {res['p95_s']:.3f} s")
 
     # ratios against the baselines of the same scenario
     rg_s = rg["median_s"] if rg and rg.get("median_s") else None
@@ -377,7 +460,8 @@ def run_scenario(name: str, work: Path, repeat: int, log) -> list[dict]:
             same_bytes = r["stage"] in ("extract", "diagnose", "e2e", "ingest", "stream", "ripgrep_unicode")
             r["vs_rg"] = r["median_s"] / rg_s if rg_s and same_bytes else None
             r["vs_py"] = r["lines_per_s"] / py_rate if py_rate and r["stage"] not in ("python_loop",) else None
-    rows[0]["info"] = info
+    if rows:
+        rows[0]["info"] = info
     return rows
 
 
@@ -404,6 +488,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write all figures as JSON here")
     ap.add_argument("--workdir", default=None, help="where scenario data goes (default: a temp dir under /work or /tmp)")
     ap.add_argument("--keep-data", action="store_true")
+    ap.add_argument("--reuse-data", action="store_true",
+                    help="with --workdir: use scenario data left there by an earlier --keep-data run")
+    ap.add_argument("--stages", default=None,
+                    help=f"comma-separated subset of {','.join(STAGES)} (default: all)")
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
@@ -415,17 +503,21 @@ def main(argv=None) -> int:
         return 0
     import tempfile
     base = a.workdir or ("/work" if Path("/work").is_dir() and os.access("/work", os.W_OK) else None)
-    work = Path(tempfile.mkdtemp(prefix="faultline-bench-", dir=base))
+    if a.reuse_data and not a.workdir:
+        ap.error("--reuse-data needs --workdir")
+    keep = a.keep_data or a.reuse_data
+    work = Path(a.workdir) if a.reuse_data else Path(tempfile.mkdtemp(prefix="faultline-bench-", dir=base))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     rows: list[dict] = []
     try:
         for name in a.scenarios.split(","):
             log(f"scenario {name}")
-            rows += run_scenario(name.strip(), work, a.repeat, log)
-            if not a.keep_data:
+            rows += run_scenario(name.strip(), work, a.repeat, log,
+                                 set(a.stages.split(",")) if a.stages else None, a.reuse_data)
+            if not keep:
                 shutil.rmtree(work / name.strip(), ignore_errors=True)
     finally:
-        if not a.keep_data:
+        if not keep:
             shutil.rmtree(work, ignore_errors=True)
     print(fmt_table(rows))
     if a.out:
