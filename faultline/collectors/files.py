@@ -126,13 +126,8 @@ def _open(path: Path):
     return opener(path, "rb") if opener else path.open("rb")
 
 
-def _split(text: str) -> pl.Series:
-    """A decoded block -> its lines, split by Polars (no Python object per line)."""
-    return pl.Series("line", [text], dtype=pl.String).str.split("\n").explode()
-
-
-def _frame(lines: list[pl.Series], reader: _Reader) -> pl.DataFrame:
-    s = (pl.concat(lines) if len(lines) > 1 else lines[0]).alias("line").str.strip_suffix("\r")
+def _frame(lines: list[str], reader: _Reader) -> pl.DataFrame:
+    s = pl.Series("line", lines, dtype=pl.String).str.strip_suffix("\r")
     # Lines cut while streaming already carry the marker and may exceed max_line by its length.
     too_long = s.str.len_chars() > reader.max_line + len(TRUNCATED) + 12
     n_long = int(too_long.sum())
@@ -167,32 +162,32 @@ def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
             report.bytes += len(chunk)
             data = carry + chunk
             carry = b""
-            lines: list[pl.Series] = []
+            lines: list[str] = []
             if head is not None:
                 nl = data.find(b"\n")
                 if nl < 0:
                     dropped += len(data)
                     continue
                 dropped += nl
-                lines.append(pl.Series("line", [decode(head) + TRUNCATED.format(dropped)], dtype=pl.String))
+                lines.append(decode(head) + TRUNCATED.format(dropped))
                 report.truncated_lines += 1
                 head, dropped, data = None, 0, data[nl + 1:]
             cut = data.rfind(b"\n")
             complete, rest = (data[: cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
             if complete:
-                lines.append(_split(decode(complete[:-1])))
+                lines += decode(complete[:-1]).split("\n")
             if len(rest) > max_line * 4:  # an unfinished line this long: keep its head, skip to its end
                 head, dropped = rest[: max_line], len(rest) - max_line
             else:
                 carry = rest
             if lines:
                 yield _frame(lines, reader)
-    tail: list[pl.Series] = []
+    tail: list[str] = []
     if head is not None:
-        tail.append(pl.Series("line", [decode(head) + TRUNCATED.format(dropped)], dtype=pl.String))
+        tail.append(decode(head) + TRUNCATED.format(dropped))
         report.truncated_lines += 1
     elif carry:
-        tail.append(_split(decode(carry)))
+        tail.append(decode(carry))
     if tail:
         yield _frame(tail, reader)
 
