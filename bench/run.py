@@ -506,7 +506,11 @@ def main(argv=None) -> int:
     if a.reuse_data and not a.workdir:
         ap.error("--reuse-data needs --workdir")
     keep = a.keep_data or a.reuse_data
-    work = Path(a.workdir) if a.reuse_data else Path(tempfile.mkdtemp(prefix="faultline-bench-", dir=base))
+    if keep and a.workdir:  # kept data sits at WORKDIR/<scenario>, where --reuse-data looks
+        work = Path(a.workdir)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="faultline-bench-", dir=base))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     rows: list[dict] = []
     try:
