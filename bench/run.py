@@ -23,6 +23,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+# The faultline of this interpreter (what `faultline` runs), whatever PATH holds.
+FAULTLINE = [sys.executable, "-m", "faultline"]
 BATCH_BYTES = 192 << 20  # text per ingest batch / Parquet part (jobs are never split)
 YEAR = 2025
 
@@ -309,9 +311,8 @@ def service_latency(job: Path, requests: int, log) -> dict:
         {"name": str(f.relative_to(job)), "base64": base64.b64encode(f.read_bytes()).decode()} for f in files]})
     lines = sum(f.read_bytes().count(b"\n") for f in files)
     port = _free_port()
-    fl = shutil.which("faultline") or "faultline"
     with tempfile.TemporaryDirectory() as cwd:  # no data/faultline.yaml there: inline diagnosis only
-        server = subprocess.Popen([fl, "serve", "--host", "127.0.0.1", "--port", str(port)], cwd=cwd,
+        server = subprocess.Popen([*FAULTLINE, "serve", "--host", "127.0.0.1", "--port", str(port)], cwd=cwd,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             url = f"http://127.0.0.1:{port}"
@@ -435,10 +436,8 @@ def run_scenario(name: str, work: Path, repeat: int, log, stages: set[str] | Non
         res, runs, peak = _median_run(lambda: _py_stage("single", data), repeat)
         row("single", res, runs, peak, outcome=res["outcome"], culprit=res["culprit"],
             load_ruleset_s=res["load_ruleset_s"], nodes=64)
-        fl = shutil.which("faultline") or "faultline"
-
         def cli():
-            _, wall, rss, out = _child([fl, "diagnose", str(data / "single"), "--format", "json"])
+            _, wall, rss, out = _child([*FAULTLINE, "diagnose", str(data / "single"), "--format", "json"])
             return {"seconds": wall}, rss
         res, runs, peak = _median_run(cli, repeat)
         row("single_cli", {"lines": rows[-1]["lines"], "bytes": rows[-1]["bytes"], **res}, runs, peak,
