@@ -183,7 +183,7 @@ def _hit_plan(i: int, rule: Rule, text: pl.DataFrame) -> pl.LazyFrame:
     if rule.lookup is not None:
         lf = lf.join(_lookup_frame(rule.lookup).lazy(), left_on=f"cap_{rule.lookup.capture}", right_on="key",
                      how="left", maintain_order="left")
-    return lf.select("_row", pl.lit(i, pl.UInt32).alias("_rule"), **cols)
+    return lf.select("_row", pl.lit(i, pl.UInt32).alias("_rule"), **cols).cast(_HIT_SCHEMA)
 
 
 @_by_identity
@@ -221,6 +221,8 @@ def extract_logs(lines: pl.DataFrame, ruleset: Ruleset, literals: list[str] | No
             rows = part["_row"]
             for k in range(0, rows.len(), _CHUNK_ROWS):
                 plans.append(_hit_plan(i, rules[i], text[rows.slice(k, _CHUNK_ROWS)]))
+    if not plans:
+        return empty_symptoms()
     hits = pl.concat(pl.collect_all(plans, engine="streaming"), how="vertical").sort("_rule", "_row")
     if hits.height == 0:
         return empty_symptoms()
