@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from faultline.collectors import loki, slurm
+from faultline.fleet import loki_jobs
 from faultline.fleet.config import ClusterConfig
 from faultline.logparse import identity_exprs
 from faultline.taxonomy import FAILED_STATES, SOURCES
@@ -48,17 +49,24 @@ def scheduler_jobs(cluster: ClusterConfig, start: datetime, end: datetime) -> tu
     return jobs, allocs
 
 
-def fetch_logs(cluster: ClusterConfig, failed: pl.DataFrame) -> pl.DataFrame:
-    """Raw lines of the failed jobs (Loki exports are filed by the day the job ended)."""
+def fetch_logs(cluster: ClusterConfig, failed: pl.DataFrame,
+               margin_minutes: float = 15) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Raw lines of the failed jobs, and per-job notes (`loki_jobs.NOTES_SCHEMA`: a job whose logs failed, or
+    were cut short). Saved exports are filed by the day the job ended; a live Loki is asked job by job over
+    [start - margin_minutes, end + tail_minutes)."""
+    no_notes = pl.DataFrame(schema=loki_jobs.NOTES_SCHEMA)
     if cluster.logs is None or failed.height == 0:
-        return pl.DataFrame(schema=loki.RAW_SCHEMA)
+        return pl.DataFrame(schema=loki.RAW_SCHEMA), no_notes
+    if cluster.logs["kind"] == "loki":
+        raw, notes = loki_jobs.fetch(cluster.logs, failed, margin_minutes)
+        return raw.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi"), notes
     root = Path(cluster.logs["path"]) / cluster.name / "loki"
     days = sorted(failed.select(pl.col("end_time").dt.date().cast(pl.String)).unique().to_series().to_list())
     wanted = set(failed["job_id"].to_list())
     parts = [loki.read_export(root / f"{d}.jsonl", cluster.name, wanted) for d in days
              if (root / f"{d}.jsonl").is_file()]
     raw = pl.concat(parts) if parts else pl.DataFrame(schema=loki.RAW_SCHEMA)
-    return raw.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi")
+    return raw.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi"), no_notes
 
 
 def parse_logs(raw: pl.DataFrame) -> pl.DataFrame:
@@ -75,38 +83,52 @@ def parse_logs(raw: pl.DataFrame) -> pl.DataFrame:
 
 
 def coverage_rows(cluster: ClusterConfig, failed: pl.DataFrame, logs: pl.DataFrame,
-                  errors: dict[str, str]) -> pl.DataFrame:
-    """One row per failed job and source: ok / empty / error (why) / not_configured."""
+                  errors: dict[str, str], notes: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per failed job and source: ok / empty / error (why) / not_configured. `errors["logs"]` fails
+    every job's log sources; `notes` (JOB_KEY, error, note) fails one job's, or adds a remark to them."""
     counts = logs.group_by([*JOB_KEY, "source"]).agg(rows=pl.len().cast(pl.Int64))
     grid = failed.select(JOB_KEY).join(pl.DataFrame({"source": list(SOURCES)}), how="cross")
     grid = grid.join(counts, on=[*JOB_KEY, "source"], how="left").with_columns(pl.col("rows").fill_null(0))
+    notes = pl.DataFrame(schema=loki_jobs.NOTES_SCHEMA) if notes is None else notes
+    grid = grid.join(notes.select(*JOB_KEY, "error", "note"), on=JOB_KEY, how="left", maintain_order="left")
     configured = {"scheduler"} | (set(LOG_SOURCES) if cluster.logs else set())
+    log_error = pl.lit(errors.get("logs"), pl.String) if errors.get("logs") else pl.col("error")
     status = (pl.when(pl.col("source") == "scheduler").then(pl.lit("ok"))
               .when(~pl.col("source").is_in(list(configured))).then(pl.lit("not_configured"))
-              .when(pl.lit(bool(errors.get("logs")))).then(pl.lit("error"))
+              .when(log_error.is_not_null()).then(pl.lit("error"))
               .when(pl.col("rows") > 0).then(pl.lit("ok")).otherwise(pl.lit("empty")))
+    note = pl.col("note").fill_null("")
     reason = (pl.when(pl.col("source") == "scheduler").then(pl.lit("sacct"))
               .when(~pl.col("source").is_in(list(configured))).then(pl.lit("no source configured"))
-              .when(pl.lit(bool(errors.get("logs")))).then(pl.lit(errors.get("logs", "")))
-              .when(pl.col("rows") == 0).then(pl.lit("no lines for this job"))
-              .otherwise(pl.lit("")))
+              .when(log_error.is_not_null()).then(log_error)
+              .when(pl.col("rows") == 0).then(pl.concat_str(pl.lit("no lines for this job"),
+                                                            pl.when(note != "").then(pl.lit("; ") + note)
+                                                            .otherwise(pl.lit(""))))
+              .otherwise(note))
     return grid.select(*JOB_KEY, "source", status=status, rows=pl.col("rows").cast(pl.Int64), reason=reason)
 
 
-def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime) -> Collected:
+def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, margin_minutes: float = 15) -> Collected:
     """Everything one cluster says about the jobs that ended in [start, end). A source that fails is
-    recorded (coverage error) and the others still land."""
+    recorded (coverage error) and the others still land; so does a job whose logs failed alone."""
     errors: dict[str, str] = {}
     jobs, allocs = scheduler_jobs(cluster, start, end)
     failed = jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
     try:
-        raw = fetch_logs(cluster, failed)
+        raw, notes = fetch_logs(cluster, failed, margin_minutes)
     except (OSError, ValueError) as exc:  # unreadable export, Loki garbage
         errors["logs"] = f"{type(exc).__name__}: {exc}"[:300]
-        raw = pl.DataFrame(schema=loki.RAW_SCHEMA)
+        raw, notes = fetch_logs(cluster, failed.clear())
     logs = parse_logs(raw)
-    coverage = coverage_rows(cluster, failed, logs, errors)
-    return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()])
+    coverage = coverage_rows(cluster, failed, logs, errors, notes)
+    return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()] + job_errors(notes))
+
+
+def job_errors(notes: pl.DataFrame, show: int = 5) -> list[str]:
+    """A short account of the jobs whose logs failed, for the flow's result and log."""
+    failed = notes.filter(pl.col("error").is_not_null())
+    out = [f"logs of job {r['job_id']}.{r['attempt']}: {r['error']}" for r in failed.head(show).iter_rows(named=True)]
+    return out + ([f"... and {failed.height - show} more job(s) whose logs failed"] if failed.height > show else [])
 
 
 def with_job_date(frame: pl.DataFrame, jobs: pl.DataFrame) -> pl.DataFrame:

@@ -8,6 +8,26 @@ clusters:
     scheduler: {kind: sacct_files, path: /sim}     # or {kind: sacct} to run sacct on this host
     logs: {kind: loki_files, path: /sim}           # saved Loki query_range responses, one per line
     metrics: {kind: parquet_files, path: /sim}     # optional
+  - name: bravo
+    scheduler: {kind: sacct}
+    logs:                                          # a live Loki, asked job by job (docs/fleet.md "Live Loki")
+      kind: loki
+      url: https://loki.example.internal:3100      # required, http(s)
+      query: '{cluster="{cluster}", job_id="{job_id}"}'   # default; or a list of templates. Fields: cluster,
+                                                   # job_id, attempt, name, user, queue (escaped as LogQL string
+                                                   # content), nodes_regex (the job's nodes, an RE2 alternation)
+      headers: {X-Scope-OrgID: gpu-fleet}          # optional, e.g. the tenant of a multi-tenant Loki
+      bearer_token_env: LOKI_TOKEN                 # optional: secrets only by environment variable name;
+      # username: 12345 / username_env + password_env: basic auth instead
+      # ca_file: /etc/ssl/internal-ca.pem          # optional CA bundle for https
+      # node_label: hostname, source_label: stream # optional: which labels name the node / the source
+      timeout_s: 30                                # per request
+      retries: 3                                   # for 429, 5xx, timeouts, refused connections (Retry-After honoured)
+      backoff_s: 0.5                               # first retry wait, doubling
+      page_limit: 5000                             # lines per request; at most Loki's max_entries_limit_per_query
+      max_lines_per_job: 2000000                   # past it the job's lines are cut and coverage says so
+      max_parallel: 4                              # jobs in flight against this Loki
+      tail_minutes: 5                              # lines read until this long after a job's end
 ```
 """
 
@@ -18,8 +38,10 @@ from pathlib import Path
 
 import yaml
 
+from faultline.collectors.loki import LokiSettings
+
 SCHEDULER_KINDS = ("sacct_files", "sacct")
-LOG_KINDS = ("loki_files",)
+LOG_KINDS = ("loki_files", "loki")
 METRIC_KINDS = ("parquet_files",)
 
 
@@ -59,6 +81,13 @@ def _check(kind_of: str, section: dict | None, kinds: tuple[str, ...], where: st
         return
     if not isinstance(section, dict) or section.get("kind") not in kinds:
         raise ConfigError(f"{where}: {kind_of}.kind must be one of {kinds}")
+    if section["kind"] == "loki":
+        try:
+            LokiSettings.from_config(section)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {kind_of} (kind loki): {exc}") from None
+    elif section["kind"].endswith("_files") and not section.get("path"):
+        raise ConfigError(f"{where}: {kind_of}.path is required for kind {section['kind']}")
 
 
 def load_config(data_dir: Path, path: Path | None = None) -> FleetConfig:
@@ -70,9 +99,9 @@ def load_config(data_dir: Path, path: Path | None = None) -> FleetConfig:
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     clusters = []
     for i, c in enumerate(raw.get("clusters") or []):
-        where = f"{path}: clusters[{i}]"
         if not isinstance(c, dict) or not c.get("name"):
-            raise ConfigError(f"{where}: needs a name")
+            raise ConfigError(f"{path}: clusters[{i}]: needs a name")
+        where = f"{path}: cluster {c['name']!r}"
         _check("scheduler", c.get("scheduler"), SCHEDULER_KINDS, where, True)
         _check("logs", c.get("logs"), LOG_KINDS, where, False)
         _check("metrics", c.get("metrics"), METRIC_KINDS, where, False)

@@ -56,12 +56,12 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
     jobs = jobs.filter(pl.col("attempt") == pl.col("attempt").max())  # the latest attempt
     errors: dict[str, str] = {}
     try:
-        raw = fetch_logs(cluster, jobs)
+        raw, notes = fetch_logs(cluster, jobs, cfg.margin_minutes)
     except (OSError, ValueError) as exc:
         errors["logs"] = f"{type(exc).__name__}: {exc}"[:300]
-        raw = fetch_logs(cluster, jobs.clear())
+        raw, notes = fetch_logs(cluster, jobs.clear())
     logs = parse_logs(raw)
-    coverage = coverage_rows(cluster, jobs, logs, errors)
+    coverage = coverage_rows(cluster, jobs, logs, errors, notes)
     diagnoses, symptoms = diagnose_tables(jobs, logs, coverage, ruleset, cfg.max_drain)
     wh = Warehouse(cfg.warehouse_dir)
     batch = f"job-{cluster_name}-{job_id}"

@@ -43,7 +43,7 @@ def partitions(start: datetime, end: datetime) -> list[tuple[datetime, datetime]
 def collect_partition(data_dir: str, cluster: str, start: datetime, end: datetime) -> dict:
     cfg = load_config(Path(data_dir))
     ccfg = next(c for c in cfg.clusters if c.name == cluster)
-    got = collect_cluster(ccfg, start, end)
+    got = collect_cluster(ccfg, start, end, cfg.margin_minutes)
     wh = Warehouse(cfg.warehouse_dir)
     batch = f"collect-{cluster}-{_stamp(start)}-{_stamp(end)}"
     jobs = got.jobs.with_columns(date=pl.col("end_time").dt.date())
