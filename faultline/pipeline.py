@@ -53,7 +53,7 @@ def run_engine(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = Decide
     symptoms = pl.concat([ev.symptoms, extract_jobs(ev.jobs, ruleset)], how="vertical")
     symptoms = filter_symptoms(symptoms, ev.jobs)
     refined = refine(symptoms, ruleset)
-    verdict = decide(refined, ev.stats, ev.jobs, decide_cfg)
+    verdict = decide(refined, ev.stats, ev.jobs, decide_cfg, ev.coverage)
     active = refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context"))
     cand = candidates(active, decide_cfg)
     meta = {"version": ruleset.version, "packs": list(ruleset.packs)}

@@ -77,3 +77,23 @@ def test_a_previous_jobs_scheduler_line_is_not_this_jobs_evidence(write, ruleset
     # the same line about this very job still counts
     d2 = diagnose_files([p], ruleset, job_id="61120")
     assert "scheduler_timelimit" in {d2["outcome"]} | {c["outcome"] for c in d2["candidates"]}
+
+
+def test_a_log_source_that_failed_lowers_confidence_unless_a_root_signature_stands(write, ruleset, tmp_path):
+    # Timeouts on ranks 0-2, rank 3 only trained: the silent rank is the inferred culprit (medium).
+    applog = ["[rank3]:[I321 02:57:00.000000000 train.py:10] step 100 loss 1.0"] + [watchdog(r, "03:07:08") for r in range(3)]
+    write("ok/slurm.out", *applog)
+    write("lost/slurm.out", *applog)
+    write("lost/syslog.log.gz", data=b"\x1f\x8b\x08\x00not gzip at all")  # the node log that could say why
+    ok = diagnose_files([tmp_path / "ok"], ruleset)
+    lost = diagnose_files([tmp_path / "lost"], ruleset)
+    assert ok["outcome"] == lost["outcome"] == "nccl_timeout_hang" and lost["culprit"]["ranks"] == [3]
+    assert (ok["confidence"], lost["confidence"]) == ("medium", "low")
+    assert "telemetry missing: syslog" in lost["confidence_reason"] and "telemetry" not in ok["confidence_reason"]
+    # A root signature in the log that did arrive does not depend on the one that failed.
+    oom = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of 79.11 GiB"
+    write("root/slurm.out", *applog, oom)
+    write("root/syslog.log.gz", data=b"\x1f\x8b\x08\x00not gzip at all")
+    root = diagnose_files([tmp_path / "root"], ruleset)
+    assert root["outcome"] == "cuda_oom" and root["confidence"] == "high"
+    assert "telemetry missing: syslog" in root["confidence_reason"]

@@ -133,9 +133,27 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
         suspect_nodes=pl.col("suspect_nodes").fill_null(pl.lit([], pl.List(pl.String))))
 
 
+_LOST_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "lost": pl.List(pl.String)}
+
+
+def lost_telemetry(coverage: pl.DataFrame | None) -> pl.DataFrame:
+    """Per job, the log sources that were asked for and failed (coverage `error`), with why.
+
+    Only failures count: an empty syslog is what a healthy node prints, and a source nobody
+    configured was never part of the picture."""
+    if coverage is None:
+        return pl.DataFrame(schema=_LOST_SCHEMA)
+    return (coverage.filter((pl.col("source") != "scheduler") & (pl.col("status") == "error"))
+            .sort([*KEY, "source"])
+            .group_by(KEY, maintain_order=True)
+            .agg(lost=pl.format("{} ({})", "source", pl.col("reason").fill_null("").str.slice(0, 160)))
+            .cast(_LOST_SCHEMA))
+
+
 def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
-           cfg: DecideConfig = DecideConfig()) -> pl.DataFrame:
-    """One verdict row per job of `jobs` (key, state); see module doc for the logic."""
+           cfg: DecideConfig = DecideConfig(), coverage: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One verdict row per job of `jobs` (key, state); see module doc for the logic. `coverage`
+    (job x source status) lowers confidence where a log source failed (`lost_telemetry`)."""
     active = refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context"))
     cand = candidates(active, cfg)
     winners = cand.filter(pl.col("rank_in_job") == 1)
@@ -226,6 +244,8 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         .when(no_fault).then(pl.lit("unknown")).otherwise(pl.col("outcome")),
         domain=pl.when(no_fault).then(pl.lit("unknown")).otherwise(pl.col("domain")),
     )
+    verdict = verdict.join(lost_telemetry(coverage), on=KEY, how="left").with_columns(
+        lost=pl.col("lost").fill_null(pl.lit([], pl.List(pl.String))))
     return verdict.with_columns(confidence=_confidence(), confidence_reason=_confidence_reason())
 
 
@@ -239,6 +259,11 @@ def _confidence() -> pl.Expr:
              .when(pl.col("inference").is_in(["silent_seen", "laggard"])).then(1)
              .otherwise(0))
     level = level - pl.col("peer_unresolved").cast(pl.Int32)
+    # A failed log source may hold the root cause this verdict lacks (the GPU's Xid in a syslog that
+    # could not be read, behind the timeouts the applog shows). A root signature stands on its own;
+    # the scheduler's COMPLETED too.
+    blind = (pl.col("lost").list.len() > 0) & (pl.col("role") != "root").fill_null(True) & (pl.col("state") != "COMPLETED")
+    level = level - blind.cast(pl.Int32)
     return pl.when(level >= 2).then(pl.lit("high")).when(level == 1).then(pl.lit("medium")).otherwise(pl.lit("low"))
 
 
@@ -267,5 +292,6 @@ def _confidence_reason() -> pl.Expr:
         .then(pl.lit("the job failed but no rule names a cause")),
         pl.when((pl.col("role") == "teardown") & pl.col("outcome").is_in(["unknown"]))
         .then(pl.lit("the job was torn down; no line says why")),
+        pl.when(pl.col("lost").list.len() > 0).then(pl.lit("telemetry missing: ") + pl.col("lost").list.join("; ")),
     ]
     return pl.concat_list(parts).list.drop_nulls().list.join("; ")
