@@ -33,7 +33,8 @@ SCENARIOS = {
     "smoke": dict(failed=40, chatter=0, replicas=1, single_lines=20_000, py_lines=20_000),
     "S": dict(failed=1000, chatter=0, replicas=1, single_lines=100_000, py_lines=100_000),
     "M": dict(failed=270, chatter=9, replicas=10, single_lines=0, py_lines=100_000),
-    "L": dict(failed=270, chatter=9, replicas=20, single_lines=0, py_lines=0, stream=True),
+    "L": dict(failed=270, chatter=9, replicas=100, single_lines=0, py_lines=0, stream=True),  # ~17 min
+    "L20": dict(failed=270, chatter=9, replicas=20, single_lines=0, py_lines=0, stream=True),  # L at 1/5, ~4 min
 }
 STAGES = ["ingest", "extract", "diagnose", "e2e", "stream", "single", "single_cli", "service",
           "python_loop", "ripgrep", "ripgrep_unicode"]
