@@ -129,12 +129,43 @@ def test_max_lines_per_job_cuts_and_coverage_says_so(fake):
                          "gpu001|gres/gpu=8,node=1"])
     cfg = {"kind": "loki", "url": fake.url, "page_limit": 1000, "max_lines_per_job": 2500}
     raw, notes = loki_jobs.fetch(cfg, failed, 15)
-    assert raw.height == 2500 and raw["line"][-1] == "step 2499"
+    # the first half of the budget from the start (set-up), the rest from the end (where the job died)
+    assert raw["line"].to_list() == [f"step {i}" for i in (*range(1250), *range(2750, 4000))]
     cov = coverage_rows(_cluster(cfg), failed, parse_logs(raw), {}, notes)
     row = cov.filter(pl.col("source") == "applog").row(0, named=True)
     assert row["status"] == "ok" and row["rows"] == 2500
-    assert "truncated at max_lines_per_job=2500" in row["reason"]
+    assert "truncated at max_lines_per_job=2500" in row["reason"] and "kept the first 1250 and the last 1250" in row["reason"]
     assert "no lines for this job; truncated" in cov.filter(pl.col("source") == "syslog")["reason"][0]
+
+
+def test_a_cut_job_keeps_its_head_and_tail_exactly_across_page_boundaries_within_one_instant(fake):
+    # Lines of one instant straddle the forward page boundary near line 1000 and the backward one near 3000,
+    # in three streams; the fake shuffles the order of lines of one instant on every request.
+    ts, t = [], T0
+    for i in range(4000):
+        t += 0 if (995 < i <= 1005 or 2990 < i <= 3010) else 1000
+        ts.append(t)
+    for s_, node in enumerate(("gpu001", "gpu002", "gpu003")):
+        fake.push({"job_id": "77", "node": node}, [(n, f"step {i}") for i, n in enumerate(ts) if i % 3 == s_])
+    with LokiClient(settings(fake, page_limit=1000)) as c:
+        res = c.fetch('{job_id="77"}', T0, ts[-1] + 1, 2500)
+    assert res.truncated and res.error is None
+    got = res.lines["line"].to_list()
+    assert len(got) == len(set(got)) == 2500  # nothing twice
+    assert set(got) == {f"step {i}" for i in (*range(1250), *range(2750, 4000))}  # nothing lost at the edges
+    assert res.lines["ns"].is_sorted()  # oldest first, as a file would be
+    dirs = [r["params"]["direction"] for r in fake.query_requests()]
+    assert dirs == ["forward", "forward", "backward", "backward"]
+    # A budget that the start and the end together cover is no cut at all: every line, once, no note.
+    fake.requests.clear()
+    with LokiClient(settings(fake, page_limit=1000)) as c:
+        whole = c.fetch('{job_id="77"}', T0, ts[-1] + 1, 4000)
+    assert not whole.truncated and whole.notes == []
+    assert sorted(whole.lines["line"].to_list()) == sorted(f"step {i}" for i in range(4000))
+    with LokiClient(settings(fake, page_limit=1000)) as c:
+        short = c.fetch('{job_id="77"}', T0, ts[-1] + 1, 3999)  # one line too few: one line skipped, said so
+    assert short.truncated and short.lines.height == short.lines["line"].n_unique() == 3999
+    assert "kept the first 2000 and the last 1999" in short.notes[0]
 
 
 # ------------------------------------------------------------------ LogQL built from the job

@@ -103,9 +103,9 @@ class LokiClient:
         self.close()
 
     # ---------------------------------------------------------------- one request, retried
-    def query_range(self, query: str, start_ns: int, end_ns: int, limit: int) -> dict:
+    def query_range(self, query: str, start_ns: int, end_ns: int, limit: int, direction: str = "forward") -> dict:
         params = {"query": query, "start": str(start_ns), "end": str(end_ns), "limit": str(limit),
-                  "direction": "forward"}
+                  "direction": direction}
         attempts = self.s.retries + 1
         for attempt in range(attempts):
             wait = None
@@ -132,40 +132,75 @@ class LokiClient:
 
     # ---------------------------------------------------------------- all lines of one query, paged
     def fetch(self, query: str, start_ns: int, end_ns: int, max_lines: int) -> QueryResult:
-        """Every line of [start_ns, end_ns), oldest first, up to max_lines (then cut, and said so). A query that
-        fails for good ends the result early with `error` set: the pages before it are still evidence."""
-        limit, out = self.s.page_limit, QueryResult(pl.DataFrame(schema=PAGE_SCHEMA))
-        pages, total, start, boundary = [], 0, start_ns, None
-        while start < end_ns:
+        """Every line of [start_ns, end_ns), oldest first, up to max_lines. Past that, the first half of the
+        budget comes from the start (NCCL's set-up: rank and address maps) and the rest from the end (where a
+        failed job's cause is), and the note says which stretch was skipped. A query that fails for good ends
+        the result early with `error` set: the pages before it are still evidence."""
+        out = QueryResult(pl.DataFrame(schema=PAGE_SCHEMA))
+        tail_budget = max_lines // 2
+        head, cut, head_last = self._paged(query, start_ns, end_ns, max_lines - tail_budget, "forward", out)
+        tail = pl.DataFrame(schema=PAGE_SCHEMA)
+        if cut and out.error is None and tail_budget:
+            # Newest first, down to the head's last instant; the lines of that instant the head already has come
+            # again (their budget is added) and are dropped.
+            seen = head.filter(pl.col("ns") == head_last)
+            tail, cut, _ = self._paged(query, head_last, end_ns, tail_budget + seen.height, "backward", out)
+            tail = new_entries(tail.reverse(), seen).tail(tail_budget)  # oldest first again
+            if cut:
+                out.notes.append(f"truncated at max_lines_per_job={max_lines} lines: kept the first {head.height} "
+                                 f"and the last {tail.height}; lines after {_iso(head_last)} and before "
+                                 f"{_iso(tail['ns'][0] if tail.height else end_ns)} were not fetched")
+        elif cut:
+            out.notes.append(f"truncated at max_lines_per_job={max_lines} lines: lines after {_iso(head_last)} "
+                             "were not fetched")
+        out.truncated = cut
+        out.lines = pl.concat([head, tail])
+        return out
+
+    def _paged(self, query: str, start_ns: int, end_ns: int, budget: int, direction: str,
+               out: QueryResult) -> tuple[pl.DataFrame, bool, int]:
+        """Lines of [start_ns, end_ns) in `direction` order, at most `budget`: (lines, cut short, the last
+        instant reached). Forward pages move `start` to the last instant seen, backward pages move `end` to
+        just past the oldest one (end is exclusive); the lines of that instant already returned are dropped."""
+        limit, forward = self.s.page_limit, direction == "forward"
+        pages, total, start, end, boundary = [], 0, start_ns, end_ns, None
+        reached = start_ns if forward else end_ns - 1
+        while start < end and budget > 0:
             try:
-                page = page_frame(self.query_range(query, start, end_ns, limit), out.labels)
+                page = page_frame(self.query_range(query, start, end, limit, direction), out.labels)
             except (LokiError, LokiFormatError) as exc:
                 out.error = str(exc)
                 break
             returned = page.height
-            # Defensive: what lies outside the asked range is not ours, and keeps `start` moving forward.
-            page = page.filter((pl.col("ns") >= start) & (pl.col("ns") < end_ns)).sort("ns", maintain_order=True)
+            # Defensive: what lies outside the asked range is not ours, and keeps the range shrinking.
+            page = (page.filter((pl.col("ns") >= start) & (pl.col("ns") < end))
+                    .sort("ns", descending=not forward, maintain_order=True))
             fresh = new_entries(page, boundary)
-            if total + fresh.height >= max_lines and (returned >= limit or total + fresh.height > max_lines):
-                fresh = fresh.head(max_lines - total)
+            if total + fresh.height >= budget and (returned >= limit or total + fresh.height > budget):
+                fresh = fresh.head(budget - total)
                 pages.append(fresh)
-                last = fresh["ns"].max() if fresh.height else start
-                out.truncated = True
-                out.notes.append(f"truncated at max_lines_per_job={max_lines} lines: lines after {_iso(last)} "
-                                 "were not fetched")
-                break
+                reached = fresh["ns"][-1] if fresh.height else reached
+                return pl.concat(pages), True, reached
             pages.append(fresh)
             total += fresh.height
             if returned < limit or page.height == 0:
                 break  # Loki had no more than this in the range
-            last = page["ns"].max()
-            if page["ns"].min() == last:
-                # A whole page at one nanosecond: paging from it again returns the same page. Step past it and
+            edge = page["ns"][-1]  # the last instant in this direction
+            reached = edge
+            if page["ns"][0] == edge:
+                # A whole page at one nanosecond: asking from it again returns the same page. Step past it and
                 # say so (Loki cannot page within one instant).
-                out.notes.append(f"more than {limit} lines at {_iso(last)}; lines of that instant beyond "
+                out.notes.append(f"more than {limit} lines at {_iso(edge)}; lines of that instant beyond "
                                  f"page_limit may be missing")
-                start, boundary = last + 1, None
+                boundary = None
+                if forward:
+                    start = edge + 1
+                else:
+                    end = edge
             else:
-                start, boundary = last, page.filter(pl.col("ns") == last)
-        out.lines = pl.concat(pages) if pages else out.lines
-        return out
+                boundary = page.filter(pl.col("ns") == edge)
+                if forward:
+                    start = edge
+                else:
+                    end = edge + 1
+        return (pl.concat(pages) if pages else pl.DataFrame(schema=PAGE_SCHEMA)), False, reached

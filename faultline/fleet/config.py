@@ -25,7 +25,7 @@ clusters:
       retries: 3                                   # for 429, 5xx, timeouts, refused connections (Retry-After honoured)
       backoff_s: 0.5                               # first retry wait, doubling
       page_limit: 5000                             # lines per request; at most Loki's max_entries_limit_per_query
-      max_lines_per_job: 2000000                   # past it the job's lines are cut and coverage says so
+      max_lines_per_job: 2000000                   # past it: first and last half kept, coverage says so
       max_parallel: 4                              # jobs in flight against this Loki
       tail_minutes: 5                              # lines read until this long after a job's end
 ```
