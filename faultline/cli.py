@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -65,11 +66,25 @@ def cmd_rules(args) -> int:
     return 1 if failures else 0
 
 
-def default_job_id(paths: list[str]) -> str:
-    """The Slurm id of a `slurm-<id>.out` among the inputs, else the first path's name."""
+def default_job_id(paths: list[str]) -> tuple[str, bool]:
+    """The Slurm id of a `slurm-<id>.out` among the inputs, else the first path's name (a guess that
+    the job's own Slurm lines may correct). Returns (job id, guessed)."""
     from faultline.collectors.files import slurm_job_id
 
-    return slurm_job_id(paths) or Path(paths[0]).resolve().name
+    sid = slurm_job_id(paths)
+    return (sid, False) if sid else (Path(paths[0]).resolve().name, True)
+
+
+# `faultline diagnose` exit status, for scripts (README "Exit status").
+EXIT_HEALTHY, EXIT_FAILURE, EXIT_USAGE, EXIT_UNKNOWN, EXIT_AMBIGUOUS = 0, 1, 2, 3, 4
+
+
+def exit_status(d: dict) -> int:
+    """0 healthy; 1 a failure with a named cause; 3 unknown (failed or unreadable, cause not named);
+    4 ambiguous (several causes fit: human review). 2 is a usage error (argparse's own code)."""
+    if d["ambiguous"]:
+        return EXIT_AMBIGUOUS
+    return {"healthy": EXIT_HEALTHY, "unknown": EXIT_UNKNOWN}.get(d["outcome"], EXIT_FAILURE)
 
 
 def cmd_diagnose(args) -> int:
@@ -80,14 +95,15 @@ def cmd_diagnose(args) -> int:
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing and len(missing) == len(args.paths):
         print(f"faultline: no such file or folder: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    d = diagnose_files(args.paths, ruleset, job_id=args.job_id or default_job_id(args.paths),
+        return EXIT_USAGE
+    job_id, guessed = (args.job_id, False) if args.job_id else default_job_id(args.paths)
+    d = diagnose_files(args.paths, ruleset, job_id=job_id, job_id_guessed=guessed,
                        cluster=args.cluster, state=args.state, exit_code=args.exit_code)
     if args.format == "json":
         print(json.dumps(d, sort_keys=False, default=str))
     else:
         print(render(d, color=sys.stdout.isatty()))
-    return 0
+    return exit_status(d)
 
 
 def cmd_eval(args) -> int:
@@ -96,7 +112,10 @@ def cmd_eval(args) -> int:
     from faultline.evaluate import confusion_table, evaluate, summarize
 
     ruleset = _ruleset(args)
-    results = evaluate(Path(args.dir), ruleset)
+    problems: list[str] = []
+    results = evaluate(Path(args.dir), ruleset, split=args.split, problems=problems)
+    for why in problems:
+        print(f"faultline: case left out: {why}", file=sys.stderr)
     if not results:
         print(f"faultline: no case folders with truth.yaml under {args.dir}", file=sys.stderr)
         return 2
@@ -266,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="score verdicts against case folders holding truth.yaml")
     ev.add_argument("dir")
     ev.add_argument("--format", choices=["human", "json"], default="human")
+    ev.add_argument("--split", choices=["dev", "test"],
+                    help="only the cases of one side (each case's `split`, else fixed by a hash of its source_url)")
     ev.add_argument("--rules", action="append", help="extra rule pack folder (repeatable)")
     ev.set_defaults(func=cmd_eval)
 
@@ -330,7 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `faultline diagnose ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

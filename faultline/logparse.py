@@ -8,7 +8,9 @@ Prefixes understood (they may be stacked, e.g. `0: [default0]:[rank0]:[E321 ...]
   torchrun               `[rank3]:` / `[default3]:`     -> rank / local_rank
   PyTorch c10d           `[Rank 3]`, `[PG 0 Rank 3]`    -> rank (default group only)
   NCCL                   `host:pid:tid [gpu] NCCL ...`  -> node, gpu
-  UCX                    `[host:pid:x:tid]`             -> node
+  UCX                    `[1712345678.1] [host:pid:tid]` -> node
+  Open MPI               `[host:pid] *** Process received signal` -> node
+  shell prompt           `user@gpu-3:~/run$ python train.py`      -> node
   Open MPI --tag-output  `[1,5]<stderr>:`               -> rank
   Ray                    `(Worker pid=4471, ip=10.0.5.12)` -> node (its IP)
   kubectl --prefix       `[pod/name/container] `        -> node (the pod's hostname)
@@ -20,6 +22,8 @@ Prefixes understood (they may be stacked, e.g. `0: [default0]:[rank0]:[E321 ...]
 """
 
 from __future__ import annotations
+
+from datetime import datetime, timezone
 
 import polars as pl
 
@@ -42,7 +46,17 @@ _TORCHRUN_LOCAL = r"\[(?:default|trainer|worker)(\d{1,4})\]:"
 _C10D_RANK = r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d{1,6})\]"
 _NCCL = r"(?:^|[\s:\]])([A-Za-z0-9.\-_]*[A-Za-z0-9]):\d+:\d+ \[(\d{1,2})\] "
 _MPI_TAG = r"^\[\d+,(\d+)\]<std(?:out|err)>:"
-_UCX = r"^(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*\[([A-Za-z0-9][A-Za-z0-9.\-]*):\d+:\d+:\d+\]"
+# UCX (ucs/debug/log.c): `[1712345678.123456] [host:pid:thread]`, the pid space-padded (`%-5d`), the
+# thread a number or a name; older releases `[host:pid:idx:tid]`.
+_UCX = (r"^(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*(?:\[\d{9,10}\.\d+\]\s+)?"
+        r"\[([A-Za-z0-9][A-Za-z0-9.\-]*):\s*\d+\s*(?::[\w\-]+){1,2}\]")
+# Open MPI's opal/orte messages and backtraces: `[host:pid] *** Process received signal ***`; the same
+# `[host:N]` shape from wrappers. The number is a pid, not a rank. Source-file tags (`[file.cpp:12]`)
+# are not hosts.
+_MPI_HOST = r"^\[([A-Za-z][A-Za-z0-9.\-]*[A-Za-z0-9]):\d+\]:? "
+_SOURCE_FILE = r"\.(?:cpp|cc|cxx|c|h|hpp|cu|py|rs|go)$"
+# A shell prompt pasted with the output: `user@gpu-node-3:~/run$ python train.py`.
+_PROMPT = r"^(?:\([\w.\-]+\)\s)?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*):[~/][^$#\n]*[$#] "
 _RAY = r"^\(\w+ pid=\d+, ip=(\d{1,3}(?:\.\d{1,3}){3})\)"
 _KUBECTL = r"^\[pod/([a-z0-9][a-z0-9.\-]*)/[^\]]+\] "
 _SYSLOG = (r"^(?:<\d+>)?([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?) "
@@ -55,6 +69,8 @@ _ISO = r"^.{0,48}?(\d{4}-\d{2}-\d{2})[T _](\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?)(Z|
 _EPOCH = r"^\[?(1[5-9]\d{8}(?:\.\d{1,9})?)\]?\s"
 
 TS_DTYPE = pl.Datetime("us", "UTC")
+TS_MIN = datetime(1990, 1, 1, tzinfo=timezone.utc)
+TS_MAX = datetime(2200, 1, 1, tzinfo=timezone.utc)
 
 
 def _clock(hms: pl.Expr) -> pl.Expr:
@@ -77,6 +93,10 @@ def _to_ts(date: pl.Expr, clock: pl.Expr, offset: pl.Expr | None = None) -> pl.E
     return ts - pl.duration(minutes=minutes * sign)
 
 
+def _not_source_file(host: pl.Expr) -> pl.Expr:
+    return pl.when(host.str.contains(_SOURCE_FILE)).then(None).otherwise(host)
+
+
 def identity_exprs(file_node: str | None = None, file_rank: int | None = None) -> dict[str, pl.Expr]:
     """node and rank of a line: all a line needs to be counted as spoken by someone."""
     line = pl.col("line")
@@ -84,7 +104,9 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None) -
         line.str.extract(_SYSLOG, 4),
         line.str.extract(_JOURNAL, 3),
         line.str.extract(_UCX),
+        _not_source_file(line.str.extract(_MPI_HOST)),
         line.str.extract(_RAY),
+        line.str.extract(_PROMPT),
         line.str.extract(_KUBECTL),
         line.str.extract(_PDSH),
         line.str.extract(_BRACKET_HOST),
@@ -126,10 +148,12 @@ def detail_exprs(year: int) -> dict[str, pl.Expr]:
         pl.from_epoch((line.str.extract(_EPOCH).cast(pl.Float64, strict=False) * 1e6).cast(pl.Int64),
                       time_unit="us").dt.replace_time_zone("UTC"),
     )
+    ts = ts.cast(TS_DTYPE)
     return {
         "local_rank": line.str.extract(_TORCHRUN_LOCAL).cast(pl.Int32, strict=False),
         "gpu": line.str.extract(_NCCL, 2).cast(pl.Int32, strict=False),
-        "ts": ts.cast(TS_DTYPE),
+        # A time outside any job's life (year 0, 9999-12-31 minus an offset) is a garbled stamp: none.
+        "ts": pl.when(ts.is_between(TS_MIN, TS_MAX)).then(ts),
     }
 
 

@@ -13,7 +13,7 @@ import polars as pl
 
 from faultline.collectors import files as filecol
 from faultline.logparse import TS_DTYPE, detail_exprs, identity_exprs, year_hint
-from faultline.rules.decide import DecideConfig, candidates, decide
+from faultline.rules.decide import DecideConfig, active_symptoms, candidates, decide
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_jobs, extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
 from faultline.rules.refine import filter_symptoms, refine
@@ -54,8 +54,7 @@ def run_engine(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = Decide
     symptoms = filter_symptoms(symptoms, ev.jobs)
     refined = refine(symptoms, ruleset)
     verdict = decide(refined, ev.stats, ev.jobs, decide_cfg, ev.coverage)
-    active = refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context"))
-    cand = candidates(active, decide_cfg)
+    cand = candidates(active_symptoms(refined, ev.stats), decide_cfg)
     meta = {"version": ruleset.version, "packs": list(ruleset.packs)}
     diagnoses = build_diagnoses(verdict, refined, cand, ev.stats, ev.coverage, meta, report_cfg, diagnosed_at)
     return Result(diagnoses, refined)
@@ -162,14 +161,35 @@ def file_coverage(reports: list[filecol.FileReport], key: dict) -> pl.DataFrame:
         lines = sum(r.lines for r in mine)
         notes = [f"{Path(r.path).name}: {r.status}" + (f" ({r.note()})" if r.note() else "")
                  for r in mine if r.status != "ok" or r.note()]
-        status = "ok" if lines else ("error" if any(r.status == "error" for r in mine) else "empty")
+        # A file that could not be read whole (unreadable, truncated archive, binary) leaves the source
+        # incomplete: `error`, with the rows that were read, so nothing downstream takes it as whole.
+        status = "error" if any(r.status == "error" for r in mine) else ("ok" if lines else "empty")
         rows.append({**key, "source": source, "status": status, "rows": lines, "reason": "; ".join(notes)[:1000]})
     return pl.DataFrame(rows, schema=COVERAGE_SCHEMA)
 
 
-def diagnose_files(paths: list[str | Path], ruleset: Ruleset, **kw) -> dict:
+def adopt_spoken_job_id(ev: Evidence) -> Evidence:
+    """A job id guessed from a folder name yields to the Slurm id the job's own lines name
+    (`*** JOB 55595933 ON ...`): the guess would make the filter phase drop those lines as another
+    job's. Where several ids are spoken (a reused output file), the last one in file order ran last."""
+    spoken = (ev.symptoms.sort("file", "seq")
+              .select(pl.coalesce(pl.col("captures").str.json_path_match("$.job"),
+                                  pl.col("captures").str.json_path_match("$.step")).str.extract(r"^(\d+)"))
+              .to_series().drop_nulls())
+    if spoken.len() == 0:
+        return ev
+    job_id = pl.lit(spoken[-1])
+    return Evidence(*(f.with_columns(job_id=job_id) for f in (ev.jobs, ev.symptoms, ev.stats, ev.coverage)),
+                    files=ev.files)
+
+
+def diagnose_files(paths: list[str | Path], ruleset: Ruleset, *, job_id_guessed: bool = False, **kw) -> dict:
+    """One job's diagnosis from its files. `job_id_guessed`: the id came from a folder or file name,
+    not from the user or the scheduler, so the job's own Slurm lines may correct it."""
     decide_cfg = kw.pop("decide_cfg", DecideConfig())
     report_cfg = kw.pop("report_cfg", ReportConfig())
     diagnosed_at = kw.pop("diagnosed_at", None)
     ev = collect_files(paths, ruleset, **kw)
+    if job_id_guessed:
+        ev = adopt_spoken_job_id(ev)
     return run_phases(ev, ruleset, decide_cfg, report_cfg, diagnosed_at)[0]

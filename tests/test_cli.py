@@ -16,7 +16,7 @@ OOM = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.
 
 def test_diagnose_json_has_the_design_keys(write, capsys):
     p = write("job/train.log", "[rank0]: step 1", OOM)
-    assert main(["diagnose", str(p.parent), "--format", "json"]) == 0
+    assert main(["diagnose", str(p.parent), "--format", "json"]) == 1  # a failure with a named cause
     d = json.loads(capsys.readouterr().out)
     assert DIAGNOSIS_KEYS <= set(d)
     assert d["outcome"] == "cuda_oom" and d["culprit"]["ranks"] == [1]
@@ -26,7 +26,7 @@ def test_diagnose_json_has_the_design_keys(write, capsys):
 
 def test_diagnose_human_output_is_short_and_names_the_culprit(write, capsys):
     p = write("train.log", OOM)
-    assert main(["diagnose", str(p)]) == 0
+    assert main(["diagnose", str(p)]) == 1
     out = capsys.readouterr().out
     assert out.startswith("CUDA_OOM") and "rank 1" in out and OOM[:60] in out
     assert len(out.splitlines()) < 20

@@ -4,7 +4,7 @@ from faultline.pipeline import diagnose_files
 
 from .test_worked_examples import watchdog
 
-NOBODY = {"nodes": [], "ranks": [], "gpus": []}
+NOBODY = {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": []}
 
 
 def test_teardown_alone_says_failed_but_not_why(write, ruleset):
@@ -69,7 +69,7 @@ def test_a_previous_jobs_scheduler_line_is_not_this_jobs_evidence(write, ruleset
     p = write("slurm-61121.out",
               "slurmstepd: error: *** JOB 61120 ON gpu017 CANCELLED AT 2024-03-21T09:30:00 DUE TO TIME LIMIT ***",
               "[rank0]: RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory")
-    assert main(["diagnose", str(p), "--format", "json"]) == 0
+    assert main(["diagnose", str(p), "--format", "json"]) == 1
     import json
 
     d = json.loads(capsys.readouterr().out)

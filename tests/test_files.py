@@ -75,7 +75,9 @@ def test_random_bytes_empty_and_corrupt_files_are_recorded_not_fatal(write, rule
     d = diagnose_files([tmp_path / "job", tmp_path / "does-not-exist"], ruleset)
     assert d["outcome"] == "cuda_oom"
     applog = next(c for c in d["coverage"] if c["source"] == "applog")
-    assert applog["status"] == "ok"
+    # Part of the applog could not be read: the source is incomplete, with the one good line counted.
+    assert applog["status"] == "error" and applog["rows"] == 1
+    assert "random.bin: error (BinaryInput" in applog["reason"]
     assert "broken.log.gz: error" in applog["reason"] and "empty.log: empty" in applog["reason"]
 
 
@@ -83,4 +85,4 @@ def test_only_garbage_gives_a_verdict(write, ruleset):
     p = write("noise.bin", data=os.urandom(100_000))
     d = diagnose_files([p], ruleset)
     assert d["outcome"] in ("healthy", "unknown")
-    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": []}
+    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": []}

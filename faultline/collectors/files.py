@@ -9,8 +9,8 @@ as a Polars frame of raw lines; parsing and rule matching happen downstream.
 from __future__ import annotations
 
 import bz2
-import gzip
 import lzma
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -27,7 +27,6 @@ BLOCK_BYTES = 16 << 20
 MAX_LINE = 64 << 10
 TRUNCATED = " …[faultline: line truncated, {} more bytes]"
 
-_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 _SYSLOG_NAMES = re.compile(r"(?i)(dmesg|syslog|kern|messages|journal)")
 _K8S_EVENT_NAMES = re.compile(r"(?i)(events|describe)")
 _RANK_NAME = re.compile(r"(?i)(?:^|[_.\-])rank[_\-]?(\d{1,6})(?:$|[_.\-])")
@@ -73,18 +72,56 @@ class _Reader:
 
 
 def expand(paths: list[str | Path]) -> tuple[list[Path], list[FileReport]]:
-    """Files under the given paths, sorted; paths that do not exist are reported, not raised."""
+    """Files under the given paths, sorted. Whatever cannot be read as a file is reported, never
+    raised or skipped silently: a missing path, an unreadable or empty folder, a dangling or
+    looping link, a FIFO or device. Folders are walked without recursion (any depth) and a
+    linked folder is entered once."""
     files: list[Path] = []
-    missing: list[FileReport] = []
+    problems: list[FileReport] = []
+
+    def problem(path, status: str, reason: str) -> None:
+        problems.append(FileReport(str(path), "applog", None, None, status=status, reason=reason))
+
     for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and f.name not in SKIPPED_NAMES and not any(
-                part.startswith(".") for part in f.relative_to(p).parts))
-        elif p.is_file():
+        if p.is_file():
             files.append(p)
-        else:
-            missing.append(FileReport(str(p), "applog", None, None, status="error", reason="no such file or folder"))
-    return files, missing
+            continue
+        if not p.is_dir():
+            problem(p, "error", "no such file or folder" if not p.is_symlink() else "dangling or looping link")
+            continue
+        found: list[Path] = []
+        seen: set[tuple[int, int]] = set()
+        stack = [p]
+        while stack:
+            folder = stack.pop()
+            try:
+                st = folder.stat()
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+                entries = list(os.scandir(folder))
+            except OSError as exc:
+                problem(folder, "error", f"cannot read folder: {type(exc).__name__}: {exc.strerror or exc}")
+                continue
+            for e in entries:
+                if e.name.startswith(".") or e.name in SKIPPED_NAMES:
+                    continue
+                path = Path(e.path)
+                try:
+                    if e.is_dir():
+                        stack.append(path)
+                    elif e.is_file():
+                        found.append(path)
+                    elif e.is_symlink():
+                        problem(path, "error", "dangling or looping link")
+                    else:
+                        problem(path, "error", "not a regular file (FIFO, socket or device): not read")
+                except OSError as exc:
+                    problem(path, "error", f"{type(exc).__name__}: {exc.strerror or exc}")
+        if not found and not any(r.path.startswith(str(p)) for r in problems):
+            problem(p, "empty", "folder holds no files")
+        files += sorted(found)
+    return files, problems
 
 
 def slurm_job_id(paths: list[str | Path]) -> str | None:
@@ -121,9 +158,83 @@ def hints(path: Path) -> tuple[str, str | None, int | None]:
     return source, node, rank
 
 
+class _Decompressed:
+    """A compressed file read incrementally: a truncated or damaged archive still gives every byte
+    before the damage, and only then raises. Output is produced in bounded steps (`step` bytes), so a
+    small archive of a huge file never lands in memory at once. Concatenated members are read in turn."""
+
+    def __init__(self, path: Path, kind: str, step: int = 1 << 20):
+        self.raw, self.kind, self.step = path.open("rb"), kind, step
+        self.dec = self._new()
+        self.buf = bytearray()
+        self.done = False
+        self.error: Exception | None = None
+
+    def _new(self):
+        return {"gz": lambda: zlib.decompressobj(wbits=47), "bz2": bz2.BZ2Decompressor,
+                "xz": lzma.LZMADecompressor}[self.kind]()
+
+    def _more(self) -> None:
+        d = self.dec
+        if d.eof:  # a member ended: another may follow (zero padding after the last one is ignored)
+            rest = d.unused_data + (b"" if d.unused_data else self.raw.read(self.step))
+            if not rest.strip(b"\0"):
+                self.done = True
+                return
+            self.dec = d = self._new()
+            data = rest
+        elif self.kind == "gz":
+            data = d.unconsumed_tail or self.raw.read(self.step)
+        else:
+            data = self.raw.read(self.step) if d.needs_input else b""
+        if not data and (self.kind == "gz" or d.needs_input):
+            self.done = True
+            if not d.eof:
+                self.error = EOFError("compressed file ended before the end-of-stream marker (truncated archive)")
+            return
+        self.buf += d.decompress(data, self.step)
+
+    def read(self, n: int) -> bytes:
+        while len(self.buf) < n and not self.done:
+            try:
+                self._more()
+            except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
+                self.error, self.done = exc, True
+        if not self.buf and self.error is not None:
+            err, self.error = self.error, None
+            raise err
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.raw.close()
+
+
+_KINDS = {".gz": "gz", ".bz2": "bz2", ".xz": "xz"}
+BINARY_PROBE = 8192
+
+
+class BinaryInput(ValueError):
+    """The file holds binary data, not text lines."""
+
+
 def _open(path: Path):
-    opener = _OPENERS.get(path.suffix.lower())
-    return opener(path, "rb") if opener else path.open("rb")
+    kind = _KINDS.get(path.suffix.lower())
+    return _Decompressed(path, kind) if kind else path.open("rb")
+
+
+def looks_binary(head: bytes) -> str | None:
+    """Why these first bytes are not a text log (NUL bytes, mostly control bytes), or None."""
+    if b"\0" in head:
+        return "binary data, not a text log (NUL bytes near the start)"
+    control = sum(head.count(bytes([c])) for c in (*range(1, 9), 11, 12, *range(14, 27), *range(28, 32)))
+    if head and control * 10 > len(head):
+        return "binary data, not a text log (mostly control bytes near the start)"
+    return None
 
 
 def _frame(lines: list[str], reader: _Reader) -> pl.DataFrame:
@@ -139,6 +250,24 @@ def _frame(lines: list[str], reader: _Reader) -> pl.DataFrame:
             .then(head + pl.format(TRUNCATED, line.str.len_bytes() - head.str.len_bytes()))
             .otherwise(line)).to_series()
     return pl.DataFrame({"line": s})
+
+
+# A line ends at \n, \r\n or a lone \r: progress bars (tqdm) rewrite one terminal line with \r, and
+# what a crash prints after them (`CUDA out of memory`) must not be lost inside one endless "line".
+def _last_break(data: bytes) -> int:
+    """Index of the last line break; a \r that is the last byte may be half of a \r\n: not yet."""
+    return max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1))
+
+
+def _first_break(data: bytes) -> int:
+    hits = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+    return min(hits) if hits else -1
+
+
+def _split(text: str) -> list[str]:
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text.split("\n")
 
 
 def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
@@ -159,23 +288,26 @@ def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
             chunk = fh.read(block_bytes)
             if not chunk:
                 break
+            if not report.bytes and (why := looks_binary(chunk[:BINARY_PROBE])):
+                raise BinaryInput(why)
             report.bytes += len(chunk)
             data = carry + chunk
             carry = b""
             lines: list[str] = []
             if head is not None:
-                nl = data.find(b"\n")
+                nl = _first_break(data)
                 if nl < 0:
                     dropped += len(data)
                     continue
                 dropped += nl
                 lines.append(decode(head) + TRUNCATED.format(dropped))
                 report.truncated_lines += 1
-                head, dropped, data = None, 0, data[nl + 1:]
-            cut = data.rfind(b"\n")
+                nl += 2 if data[nl:nl + 2] == b"\r\n" else 1
+                head, dropped, data = None, 0, data[nl:]
+            cut = _last_break(data)
             complete, rest = (data[: cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
             if complete:
-                lines += decode(complete[:-1]).split("\n")
+                lines += _split(decode(complete[:-2] if complete.endswith(b"\r\n") else complete[:-1]))
             if len(rest) > max_line * 4:  # an unfinished line this long: keep its head, skip to its end
                 head, dropped = rest[: max_line], len(rest) - max_line
             else:

@@ -23,6 +23,7 @@ class DecideConfig:
     skew_s: float = 10.0  # clock-skew tolerance across nodes
     band: int = 10  # priorities this close cannot break a tie between causes
     hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait")
+    max_world: int = 1 << 17  # ranks a job can have; larger printed world sizes are not believed
 
 
 def _cap(name: str) -> pl.Expr:
@@ -65,17 +66,47 @@ def culprits(active: pl.DataFrame, winners: pl.DataFrame, cfg: DecideConfig) -> 
     tol = pl.duration(microseconds=int(cfg.skew_s * 1e6))
     rows = active.join(winners.select(*KEY, "outcome", t_win="t"), on=[*KEY, "outcome"])
     rows = rows.filter(pl.col("tier") == pl.col("tier").min().over(KEY))
-    blamed = rows.filter(pl.col("target_node").is_not_null() | pl.col("target_rank").is_not_null())
-    first = blamed.group_by([*KEY, "target_node", "target_rank", "target_gpu"]).agg(
-        t=pl.col("ts").min(), unresolved=pl.col("peer_unresolved").any())
+    blamed = rows.filter(pl.col("target_node").is_not_null() | pl.col("target_rank").is_not_null()
+                         | pl.col("target_gpu_pci").is_not_null())
+    first = blamed.group_by([*KEY, "target_node", "target_rank", "target_gpu", "target_gpu_pci"]).agg(
+        t=pl.col("ts").min(), unresolved=pl.col("peer_unresolved").any(), inferred=pl.col("node_inferred").all())
     first = first.join(winners.select(*KEY, t_win="t"), on=KEY).filter(
         pl.col("t").is_null() | pl.col("t_win").is_null() | (pl.col("t") <= pl.col("t_win") + tol))
     return first.group_by(KEY).agg(
         culprit_nodes=pl.col("target_node").drop_nulls().unique().sort(),
         culprit_ranks=pl.col("target_rank").drop_nulls().unique().sort(),
         culprit_gpus=pl.col("target_gpu").drop_nulls().unique().sort(),
+        culprit_gpu_pci=pl.col("target_gpu_pci").drop_nulls().unique().sort(),
         peer_unresolved=pl.col("unresolved").any(),
+        node_inferred=(pl.col("inferred") & pl.col("target_node").is_not_null()).any(),
     )
+
+
+MAX_SINGLE_HOST_RANKS = 8  # one host's GPUs: more ranks than this cannot all live on one node
+
+
+def active_symptoms(refined: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFrame:
+    """What can decide: not superseded, not context; lines without a host placed where that is sure."""
+    return place_on_single_host(
+        refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context")), stats)
+
+
+def single_host(stats: pl.DataFrame) -> pl.DataFrame:
+    """Jobs whose lines name exactly one host, with no more ranks than one host holds: the host."""
+    return (stats.group_by(KEY).agg(nodes=pl.col("node").drop_nulls().unique(),
+                                    top_rank=pl.col("rank").drop_nulls().max())
+            .filter((pl.col("nodes").list.len() == 1)
+                    & (pl.col("top_rank").is_null() | (pl.col("top_rank") < MAX_SINGLE_HOST_RANKS)))
+            .select(*KEY, only_node=pl.col("nodes").list.first()))
+
+
+def place_on_single_host(active: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFrame:
+    """A line that blames its printer but carries no host (`CUDA error: uncorrectable ECC` with no
+    prefix) was printed on the job's one host when every line that names a host names the same one."""
+    out = active.join(single_host(stats), on=KEY, how="left", maintain_order="left")
+    fill = (pl.col("implicates") == "self") & pl.col("target_node").is_null() & pl.col("only_node").is_not_null()
+    return out.with_columns(target_node=pl.when(fill).then(pl.col("only_node")).otherwise(pl.col("target_node")),
+                            node_inferred=fill).drop("only_node")
 
 
 def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> pl.DataFrame:
@@ -101,8 +132,10 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
         seen=pl.col("seen").fill_null(pl.lit([], pl.List(pl.Int32))))
     # Ranks are numbered 0..world-1: the world size, or else a hole below the highest rank
     # seen, names a rank that never spoke.
-    top = pl.max_horizontal(pl.col("world").fill_null(0),
-                            pl.col("seen").list.concat("reporting").list.max().fill_null(-1) + 1)
+    # Bounded: a world size or rank is a number a line printed, never a size to allocate by.
+    top = pl.min_horizontal(pl.max_horizontal(pl.col("world").fill_null(0),
+                                              pl.col("seen").list.concat("reporting").list.max().fill_null(-1) + 1),
+                            pl.lit(cfg.max_world))
     out = out.with_columns(expected=pl.int_ranges(0, top, dtype=pl.Int32))
     out = out.with_columns(
         silent_seen=pl.col("seen").list.set_difference("reporting").list.sort(),
@@ -154,7 +187,7 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
            cfg: DecideConfig = DecideConfig(), coverage: pl.DataFrame | None = None) -> pl.DataFrame:
     """One verdict row per job of `jobs` (key, state); see module doc for the logic. `coverage`
     (job x source status) lowers confidence where a log source failed (`lost_telemetry`)."""
-    active = refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context"))
+    active = active_symptoms(refined, stats)
     cand = candidates(active, cfg)
     winners = cand.filter(pl.col("rank_in_job") == 1)
     blame = culprits(active, winners, cfg)
@@ -172,11 +205,13 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         culprit_nodes=pl.col("culprit_nodes").fill_null(pl.lit([], pl.List(pl.String))),
         culprit_ranks=pl.col("culprit_ranks").fill_null(empty_i),
         culprit_gpus=pl.col("culprit_gpus").fill_null(empty_i),
+        culprit_gpu_pci=pl.col("culprit_gpu_pci").fill_null(pl.lit([], pl.List(pl.String))),
         silent_seen=pl.col("silent_seen").fill_null(empty_i),
         silent_unseen=pl.col("silent_unseen").fill_null(empty_i),
         laggards=pl.col("laggards").fill_null(empty_i),
         suspect_nodes=pl.col("suspect_nodes").fill_null(pl.lit([], pl.List(pl.String))),
         peer_unresolved=pl.col("peer_unresolved").fill_null(False),
+        node_inferred=pl.col("node_inferred").fill_null(False),
         confirmed=pl.col("confirmed").fill_null(False),
         ambiguous=pl.col("ambiguous").fill_null(False),
     )
@@ -216,8 +251,13 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         culprit_nodes=pl.when(pl.col("widespread")).then(pl.lit([], pl.List(pl.String))).otherwise("culprit_nodes"),
         culprit_ranks=pl.when(pl.col("widespread")).then(empty_i).otherwise("culprit_ranks"),
         culprit_gpus=pl.when(pl.col("widespread")).then(empty_i).otherwise("culprit_gpus"),
+        culprit_gpu_pci=pl.when(pl.col("widespread")).then(pl.lit([], pl.List(pl.String))).otherwise("culprit_gpu_pci"),
     )
-    # Teardown lines (exit codes, SIGTERMs, step cancels) say the job died, never why.
+    # Teardown lines (exit codes, SIGTERMs, step cancels) say the job died, never why; failure
+    # markers (a traceback header, an error-level line) that no rule explains, likewise.
+    markers = active.group_by(KEY).agg(marker_only=(pl.col("symptom") == "failure_marker").all())
+    verdict = verdict.join(markers, on=KEY, how="left").with_columns(
+        marker_only=pl.col("marker_only").fill_null(False) & (pl.col("role") == "teardown").fill_null(False))
     teardown_only = pl.col("role") == "teardown"
     verdict = verdict.with_columns(
         outcome=pl.when(teardown_only).then(None).otherwise(pl.col("outcome")),
@@ -236,16 +276,28 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         culprit_nodes=pl.when(completed).then(empty_s).otherwise(pl.col("culprit_nodes")),
         culprit_ranks=pl.when(completed).then(empty_i).otherwise(pl.col("culprit_ranks")),
         culprit_gpus=pl.when(completed).then(empty_i).otherwise(pl.col("culprit_gpus")),
+        culprit_gpu_pci=pl.when(completed).then(empty_s).otherwise(pl.col("culprit_gpu_pci")),
     )
+    verdict = verdict.join(lost_telemetry(coverage), on=KEY, how="left").with_columns(
+        lost=pl.col("lost").fill_null(pl.lit([], pl.List(pl.String))))
+    read = stats.group_by(KEY).agg(lines_read=pl.col("lines").sum())
+    verdict = verdict.join(read, on=KEY, how="left").with_columns(pl.col("lines_read").fill_null(0))
+    # With the scheduler's state unknown, `healthy` needs the whole picture and no sign of failure:
+    # no line at all (an empty file or folder, a binary) or a log that could not be read whole is
+    # no evidence of health; a failure marker (traceback, error-level line) is a failure whose cause
+    # no rule names. Those are `unknown`.
     no_fault = pl.col("outcome").is_null()
+    unseen = pl.col("lines_read") == 0
+    incomplete = pl.col("lost").list.len() > 0
     verdict = verdict.with_columns(
-        outcome=pl.when(no_fault & pl.col("role").is_null() & (completed | (pl.col("state") == "UNKNOWN")))
+        unread=(pl.col("state") == "UNKNOWN") & pl.col("role").is_null() & (unseen | incomplete))
+    verdict = verdict.with_columns(
+        outcome=pl.when(no_fault & pl.col("role").is_null()
+                        & (completed | ((pl.col("state") == "UNKNOWN") & ~pl.col("unread"))))
         .then(pl.lit("healthy"))
         .when(no_fault).then(pl.lit("unknown")).otherwise(pl.col("outcome")),
         domain=pl.when(no_fault).then(pl.lit("unknown")).otherwise(pl.col("domain")),
     )
-    verdict = verdict.join(lost_telemetry(coverage), on=KEY, how="left").with_columns(
-        lost=pl.col("lost").fill_null(pl.lit([], pl.List(pl.String))))
     return verdict.with_columns(confidence=_confidence(), confidence_reason=_confidence_reason())
 
 
@@ -276,22 +328,30 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("confirmed")).then(pl.lit("corroborated by a confirming signal")),
         pl.when(pl.col("role") == "confirmation").then(pl.lit("only a corroborating signal, no direct root evidence")),
         pl.when(pl.col("role") == "cascade").then(pl.lit("only victim-side (cascade) evidence")),
-        pl.when(pl.col("role") == "teardown").then(pl.lit("only teardown noise")),
+        pl.when((pl.col("role") == "teardown") & ~pl.col("marker_only")).then(pl.lit("only teardown noise")),
         pl.when(pl.col("inference") == "silent_seen").then(pl.lit("culprit inferred: the only rank not reporting the timeout")),
         pl.when(pl.col("inference") == "silent_unseen").then(
             pl.lit("the only rank not reporting printed nothing at all: hang or lost node")),
         pl.when(pl.col("inference") == "laggard").then(pl.lit("culprit inferred: lowest last completed collective")),
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
+        pl.when(pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0))
+        .then(pl.lit("culprit node inferred: the only host the logs name")),
         pl.when(pl.col("widespread")).then(pl.lit("most nodes or ranks report it: the cause is not in one place")),
-        pl.when(pl.col("role").is_null() & (pl.col("state") == "UNKNOWN"))
+        pl.when(pl.col("unread") & (pl.col("lines_read") == 0))
+        .then(pl.lit("no readable log line: nothing to judge the job by")),
+        pl.when(pl.col("unread") & (pl.col("lines_read") > 0))
+        .then(pl.lit("part of the logs could not be read, and what was read names no cause")),
+        pl.when(pl.col("role").is_null() & (pl.col("state") == "UNKNOWN") & ~pl.col("unread"))
         .then(pl.lit("no scheduler state and no failure signature in the logs")),
         pl.when(pl.col("role").is_null() & (pl.col("state") == "COMPLETED")).then(
             pl.when(pl.col("survived")).then(pl.lit("the job completed: the failure-like lines it printed were not fatal"))
             .otherwise(pl.lit("the job completed"))),
         pl.when(pl.col("role").is_null() & ~pl.col("state").is_in(["UNKNOWN", "COMPLETED"]))
         .then(pl.lit("the job failed but no rule names a cause")),
-        pl.when((pl.col("role") == "teardown") & pl.col("outcome").is_in(["unknown"]))
+        pl.when((pl.col("role") == "teardown") & pl.col("outcome").is_in(["unknown"]) & ~pl.col("marker_only"))
         .then(pl.lit("the job was torn down; no line says why")),
+        pl.when((pl.col("role") == "teardown") & pl.col("marker_only"))
+        .then(pl.lit("failure markers (a traceback, error-level lines) but no rule names the cause")),
         pl.when(pl.col("lost").list.len() > 0).then(pl.lit("telemetry missing: ") + pl.col("lost").list.join("; ")),
     ]
     return pl.concat_list(parts).list.drop_nulls().list.join("; ")
