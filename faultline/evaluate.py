@@ -7,8 +7,9 @@ job, or a node taken out of service where the truth blames no node); a confusion
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,10 +34,22 @@ class CaseResult:
     culprit_right: bool | None  # None: the truth names no culprit
     wrong_blame: bool
     action: str
+    ecosystem: str = "-"
+    split: str = "dev"
 
     @property
     def outcome_right(self) -> bool:
         return self.outcome == self.truth_outcome
+
+
+_PCI = re.compile(r"\b(?:[0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}(?:\.[0-7])?\b")
+
+
+def _pci_key(addr: str) -> str:
+    """`00000000:3B:00.0`, `0000:3b:00`, `3b:00.0` -> `3b:00` within domain `0000`: comparable."""
+    parts = addr.lower().split(".")[0].split(":")
+    domain = parts[0][-4:] if len(parts) == 3 else "0000"
+    return f"{domain}:{parts[-2]}:{parts[-1]}"
 
 
 def culprit_matches(truth: str, culprit: dict) -> bool:
@@ -50,6 +63,9 @@ def culprit_matches(truth: str, culprit: dict) -> bool:
     ranks |= {int(x) for x in re.findall(r"\blocal[ _]rank\s*(\d+)", text)}
     if ranks & set(culprit.get("ranks") or []):
         return True
+    pci = {_pci_key(x) for x in _PCI.findall(text)}
+    if pci & {_pci_key(x) for x in culprit.get("gpu_pci") or []}:
+        return True
     gpus = {int(x) for x in re.findall(r"\bgpu\s*(\d+)", text)}
     return bool(gpus & set(culprit.get("gpus") or []) and not culprit.get("nodes"))
 
@@ -58,7 +74,7 @@ def score_case(case: str, truth: dict, d: dict) -> CaseResult:
     t_out = truth.get("outcome_category") or truth.get("outcome")
     t_cul = truth.get("culprit")
     cul = d["culprit"]
-    blamed = bool(cul["nodes"] or cul["ranks"] or cul["gpus"])
+    blamed = bool(cul["nodes"] or cul["ranks"] or cul["gpus"] or cul.get("gpu_pci"))
     confident = d["confidence"] in ("high", "medium")
     right = None if not t_cul else (blamed and culprit_matches(str(t_cul), cul))
     takes_node = d["recommended_action"]["action"] in NODE_ACTIONS
@@ -80,15 +96,65 @@ def case_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in Path(root).rglob(TRUTH))
 
 
-def evaluate(root: Path, ruleset: Ruleset) -> list[CaseResult]:
+TEST_SHARE = 30  # percent of sources held out as `test`
+
+
+def split_of(truth: dict) -> str:
+    """`dev` or `test`: the truth's own `split`, else fixed by its source, so every case of one thread
+    or file falls on the same side and a case never moves (a hash of the source URL, not of the folder)."""
+    if truth.get("split") in ("dev", "test"):
+        return truth["split"]
+    source = str(truth.get("source_url") or "").strip().lower().split("#")[0].rstrip("/")
+    bucket = int(hashlib.sha256(source.encode()).hexdigest()[:8], 16) % 100
+    return "test" if bucket < TEST_SHARE else "dev"
+
+
+def read_truth(case: Path) -> tuple[dict | None, str | None]:
+    """The case's truth, or why it cannot be used (unreadable YAML, no outcome)."""
+    try:
+        truth = yaml.safe_load((case / TRUTH).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return None, f"{case / TRUTH}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if not isinstance(truth, dict) or not (truth.get("outcome_category") or truth.get("outcome")):
+        return None, f"{case / TRUTH}: no outcome_category"
+    return truth, None
+
+
+def evaluate(root: Path, ruleset: Ruleset, split: str | None = None,
+             problems: list[str] | None = None) -> list[CaseResult]:
+    """Score every case under `root` (of one split, if given); cases whose truth cannot be read are
+    left out and named in `problems`."""
     results = []
     for case in case_dirs(root):
-        truth = yaml.safe_load((case / TRUTH).read_text(encoding="utf-8")) or {}
+        truth, why = read_truth(case)
+        if truth is None:
+            if problems is not None:
+                problems.append(why)
+            continue
+        side = split_of(truth)
+        if split and side != split:
+            continue
         # The case's own job id when the truth gives one; never the folder name ("015" is not a Slurm id).
         job_id = str(truth.get("job_id") or f"case-{case.name}")
         d = diagnose_files([case], ruleset, job_id=job_id, cluster="eval", state=truth.get("state", "UNKNOWN"))
-        results.append(score_case(case.name, truth, d))
+        r = score_case(case.name, truth, d)
+        r.ecosystem, r.split = str(truth.get("ecosystem") or "-"), side
+        results.append(r)
     return results
+
+
+def breakdown(results: list[CaseResult], by: str) -> list[str]:
+    """Outcome / culprit / wrong-blame counts per value of `by` (ecosystem, truth_outcome)."""
+    groups: dict[str, list[CaseResult]] = defaultdict(list)
+    for r in results:
+        groups[getattr(r, by)].append(r)
+    lines = [f"{by:28} {'cases':>5} {'outcome':>8} {'culprit':>8} {'wrong':>5}"]
+    for key in sorted(groups, key=lambda k: (-len(groups[k]), k)):
+        g = groups[key]
+        cul = [r for r in g if r.culprit_right is not None]
+        lines.append(f"{key:28} {len(g):5} {sum(r.outcome_right for r in g):4}/{len(g):<3} "
+                     f"{sum(bool(r.culprit_right) for r in cul):4}/{len(cul):<3} {sum(r.wrong_blame for r in g):5}")
+    return lines
 
 
 def summarize(results: list[CaseResult]) -> str:
@@ -108,6 +174,9 @@ def summarize(results: list[CaseResult]) -> str:
     lines.append(f"outcome accuracy: {right}/{n}" + (f" ({100 * right / n:.1f}%)" if n else ""))
     lines.append(f"culprit accuracy: {cul_right}/{len(with_cul)} (cases whose truth names a culprit)")
     lines.append(f"wrong blames: {wrong}")
+    if len({r.ecosystem for r in results}) > 1:
+        lines += ["", *breakdown(results, "ecosystem")]
+    lines += ["", *breakdown(results, "truth_outcome")]
     conf = Counter((r.truth_outcome, r.outcome) for r in results if not r.outcome_right)
     if conf:
         lines.append("confusions (truth -> verdict):")

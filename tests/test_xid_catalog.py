@@ -52,7 +52,7 @@ def test_table_columns_order_and_vocabulary():
         assert r["outcome"] in taxonomy.OUTCOMES
         assert r["action"] in taxonomy.ACTIONS
         assert 0 <= int(r["priority"]) <= 100
-        assert r["summary"].startswith(f"Xid {r['key']} ") and "{pci}" in r["summary"]
+        assert r["summary"].startswith(f"Xid {r['key']} ") and "{gpu_pci}" in r["summary"]
         # A machine is blamed only by hardware/infrastructure rows; workload rows never take a node out.
         if r["domain"] in ("workload", "software"):
             assert r["action"] not in taxonomy.NODE_ACTIONS

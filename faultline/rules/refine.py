@@ -97,8 +97,57 @@ def resolve_peers(symptoms: pl.DataFrame) -> pl.DataFrame:
     ).drop("peer_node_a", "peer_node_n", "peer_node_s", "_peer_key", "_peer_short")
 
 
+# Addresses that cannot name another node: link-local (an `fe80::...%ib0` or 169.254.x every host has),
+# loopback, the unspecified address, and cut or redacted ones (`10.0.0.`, `10.1.*.*`, `<unknown>`).
+_NOT_A_NODE = (r"(?i)^(?:\[?fe80:|169\.254\.|127\.|\[?::1\]?$|\[?::\]?$|localhost$|0\.0\.0\.0$|<?unknown>?$)"
+               r"|%|\*|\.\.|[.:]$|^\d{1,3}(?:\.\d{1,3}){0,2}$")
+
+
+def named_peer(peer: pl.Expr) -> pl.Expr:
+    """The peer as a node name when nothing maps it: the address or host itself, unless it is one
+    that cannot name a node (`_NOT_A_NODE`)."""
+    bare = peer.str.replace(r"<\d+>$", "")
+    return pl.when(bare.str.contains(_NOT_A_NODE)).then(None).otherwise(bare)
+
+
+def normalize_pci(addr: pl.Expr) -> pl.Expr:
+    """`00000000:3B:00.0` (nvidia-smi), `0000:3b:00` (Xid), `3b:00.0` (lspci) -> `0000:3b:00`: domain,
+    bus and device, the way the driver names one GPU (the function is always 0 for a GPU)."""
+    parts = addr.str.to_lowercase().str.extract_groups(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})(?:\.[0-7])?$")
+    domain = parts.struct.field("1").fill_null("0").str.pad_start(8, "0").str.slice(4, 4)
+    return pl.when(parts.struct.field("2").is_not_null()).then(
+        pl.concat_str([domain, parts.struct.field("2"), parts.struct.field("3")], separator=":"))
+
+
+# The torchrun failure summary prints each failed worker as a block of lines: `host`, then `rank
+# (local_rank)`, then `exitcode`/`traceback` (elastic/multiprocessing/errors/__init__.py). A field line
+# knows only its own value; the entry's host and rank belong to all of them.
+SUMMARY_HOST, SUMMARY_RANK = "torchrun_summary_host", "torchrun_failure_rank"
+SUMMARY_FIELDS = (SUMMARY_RANK, "torchrun_child_failed")
+SUMMARY_SPAN = 6  # lines of one entry
+
+
+def place_summary_entries(symptoms: pl.DataFrame) -> pl.DataFrame:
+    """Give each torchrun summary field line the host and rank of its entry: the nearest host and rank
+    lines above it in the same file, within one entry's span."""
+    fields = symptoms.filter(pl.col("symptom").is_in(SUMMARY_FIELDS))
+    if fields.height == 0:
+        return symptoms
+    by = [*KEY, "file"]
+
+    def nearest(symptom: str, col: str, out: str) -> pl.DataFrame:
+        src = symptoms.filter(pl.col("symptom") == symptom).select(*by, "seq", pl.col(col).alias(out)).sort("seq")
+        return (fields.select(*by, "seq").unique().sort("seq")
+                .join_asof(src, on="seq", by=by, strategy="backward", tolerance=SUMMARY_SPAN,
+                           check_sortedness=False))  # sorted by seq above, within every group too
+
+    place = nearest(SUMMARY_HOST, "node", "_host").join(nearest(SUMMARY_RANK, "rank", "_rank"), on=[*by, "seq"])
+    out = symptoms.join(place, on=[*by, "seq"], how="left", maintain_order="left")
+    return out.with_columns(node=pl.coalesce("node", "_host"), rank=pl.coalesce("rank", "_rank")).drop("_host", "_rank")
+
+
 def refine(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
-    out = resolve_peers(supersede(symptoms, ruleset))
+    out = resolve_peers(supersede(place_summary_entries(symptoms), ruleset))
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(pl.element().cast(pl.Int32))
     out = out.with_columns(_named=pl.when(pl.col("implicates") == "peer").then(named)).explode("_named")
@@ -109,8 +158,11 @@ def refine(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
         tier=pl.col("role").replace_strict(ROLE_TIER, return_dtype=pl.Int8),
         # Who a row blames: the printer (self), the resolved peer, or nobody.
         target_node=pl.when(pl.col("implicates") == "self").then(pl.col("node"))
-        .when(pl.col("implicates") == "peer").then(pl.coalesce("peer_node", pl.col("peer").str.replace(r"<\d+>$", "")))
+        .when(pl.col("implicates") == "peer").then(pl.coalesce("peer_node", named_peer(pl.col("peer"))))
         .otherwise(None),
         target_gpu=pl.when(pl.col("implicates") == "self").then(pl.col("gpu")).otherwise(None),
+        # A GPU known by its PCI address (Xid, nvidia-smi, lspci) is a culprit GPU too.
+        target_gpu_pci=pl.when(pl.col("implicates") == "self")
+        .then(normalize_pci(pl.col("captures").str.json_path_match("$.gpu_pci"))).otherwise(None),
         peer_unresolved=(pl.col("implicates") == "peer") & pl.col("peer").is_not_null() & pl.col("peer_node").is_null(),
     )

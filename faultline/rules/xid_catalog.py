@@ -315,7 +315,7 @@ def table_row(row: CatalogRow) -> dict[str, str]:
         "domain": cls.domain,
         "implicates": cls.implicates,
         "outcome": cls.outcome,
-        "summary": f"Xid {row.code} ({what}) on GPU {{pci}}: {cls.meaning}",
+        "summary": f"Xid {row.code} ({what}) on GPU {{gpu_pci}}: {cls.meaning}",
         "action": action,
         "priority": str(cls.priority),
         "title": f"Xid {row.code} {row.mnemonic}: {row.description}",
