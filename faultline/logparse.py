@@ -57,7 +57,9 @@ _MPI_HOST = r"^\[([A-Za-z][A-Za-z0-9.\-]*[A-Za-z0-9]):\d+\]:? "
 _SOURCE_FILE = r"\.(?:cpp|cc|cxx|c|h|hpp|cu|py|rs|go)$"
 # A shell prompt pasted with the output: `user@gpu-node-3:~/run$ python train.py`.
 _PROMPT = r"^(?:\([\w.\-]+\)\s)?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*):[~/][^$#\n]*[$#] "
-_RAY = r"^\(\w+ pid=\d+, ip=(\d{1,3}(?:\.\d{1,3}){3})\)"
+# Ray's worker prefix: `(RayTrainWorker pid=4471, ip=10.0.5.12)`, `(pid=4471, ip=...)`, `(raylet, ip=...)`,
+# names with parentheses (`(MapBatches(fn) pid=...)`), IPv6 addresses.
+_RAY = r"^\((?:[^\s()]+(?:\([^()\n]*\))*\s)?(?:pid=\d+|raylet),\s*ip=([0-9A-Fa-f.:]+)\)"
 _KUBECTL = r"^\[pod/([a-z0-9][a-z0-9.\-]*)/[^\]]+\] "
 _SYSLOG = (r"^(?:<\d+>)?([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?) "
            r"([A-Za-z0-9][A-Za-z0-9.\-]*) (?:kernel|[A-Za-z0-9_.\-/]+\[\d+\]):")

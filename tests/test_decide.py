@@ -97,3 +97,12 @@ def test_a_log_source_that_failed_lowers_confidence_unless_a_root_signature_stan
     root = diagnose_files([tmp_path / "root"], ruleset)
     assert root["outcome"] == "cuda_oom" and root["confidence"] == "high"
     assert "telemetry missing: syslog" in root["confidence_reason"]
+
+
+def test_a_peer_address_never_resolves_to_the_printer_by_a_shared_first_octet(write, ruleset):
+    # 10.9.9.9 and the printing node 10.42.7.19 both "shorten" to 10: that is no match
+    p = write("job/train.log",
+              "10.42.7.19:411:420 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+              "10.9.9.9<34567> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
+    d = diagnose_files([p], ruleset)
+    assert "10.42.7.19" not in d["culprit"]["nodes"]

@@ -4,7 +4,7 @@ import polars as pl
 import pytest
 
 from faultline.collectors.files import hints
-from faultline.logparse import parse_lines, year_hint
+from faultline.logparse import identity_exprs, parse_lines, year_hint
 
 
 def one(line: str, **kw) -> dict:
@@ -90,3 +90,28 @@ def test_year_hint_takes_the_common_full_year():
     s = pl.Series(["2023-07-26 09:59:13 a", "2023-07-26 10:00:00 b", "[Sun Jun  9 11:49:36 2024] c", "x"])
     assert year_hint(s) == 2023
     assert year_hint(pl.Series(["no dates here"])) is None
+
+
+def test_ray_prefix_forms_and_terminal_colours(write, ruleset):
+    from faultline.pipeline import diagnose_files
+
+    lines = pl.DataFrame({"line": ["(RayTrainWorker pid=4471, ip=10.0.5.12) step 1", "(pid=4471, ip=10.0.5.13) x",
+                                   "(raylet, ip=10.0.5.14) y", "(MapBatches(fn) pid=12, ip=10.0.5.15) z"]})
+    assert lines.with_columns(**identity_exprs())["node"].to_list() == ["10.0.5.12", "10.0.5.13", "10.0.5.14",
+                                                                        "10.0.5.15"]
+    # Ray colours its prefixes: the colour codes are read away before the prefix is
+    p = write("job/driver.log", data=b"\x1b[36m(RayTrainWorker pid=4471, ip=10.0.5.12)\x1b[0m "
+              b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "cuda_oom" and d["culprit"]["nodes"] == ["10.0.5.12"]
+    assert "\x1b" not in d["evidence"][0]["line"]
+
+
+def test_ucx_openmpi_and_prompt_prefixes_name_the_node():
+    lines = pl.DataFrame({"line": ["[1712345678.123456] [gpu-a-07:12345:0]    ucp_worker.c:1234 UCX  ERROR x",
+                                   "[gpu-a-08:123  :async]  ib_iface.c:12 UCX ERROR y",
+                                   "[node01:12345] *** Process received signal ***",
+                                   "[ProcessGroupNCCL.cpp:1234] not a host",
+                                   "alice@dgx-b200-12:~/run$ torchrun train.py"]})
+    assert lines.with_columns(**identity_exprs())["node"].to_list() == ["gpu-a-07", "gpu-a-08", "node01", None,
+                                                                        "dgx-b200-12"]

@@ -26,6 +26,7 @@ READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)
 BLOCK_BYTES = 16 << 20
 MAX_LINE = 64 << 10
 TRUNCATED = " …[faultline: line truncated, {} more bytes]"
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # CSI sequences: colours, cursor moves
 
 _SYSLOG_NAMES = re.compile(r"(?i)(dmesg|syslog|kern|messages|journal)")
 _K8S_EVENT_NAMES = re.compile(r"(?i)(events|describe)")
@@ -281,7 +282,8 @@ def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
     def decode(data: bytes) -> str:
         text = data.decode("utf-8", errors="replace")
         report.replaced_chars += text.count("\ufffd")
-        return text
+        # Terminal colours (Ray's prefixes, loguru, kubectl) would hide what a line starts with.
+        return _ANSI.sub("", text) if "\x1b" in text else text
 
     with _open(path) as fh:
         while True:

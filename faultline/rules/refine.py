@@ -46,7 +46,9 @@ def _normalize_addr(col: pl.Expr) -> pl.Expr:
 
 
 def _short_host(col: pl.Expr) -> pl.Expr:
-    return col.str.to_lowercase().str.split(".").list.first()
+    """`gpu-7.cluster.local` -> `gpu-7`; an IP address has no short form (`10.9.9.9` is not `10`)."""
+    ip = col.str.contains(r"^\d{1,3}(?:\.\d{1,3}){3}$") | col.str.contains(":", literal=True)
+    return pl.when(ip).then(None).otherwise(col.str.to_lowercase().str.split(".").list.first())
 
 
 def supersession_edges(ruleset: Ruleset) -> pl.DataFrame:
@@ -104,8 +106,8 @@ _NOT_A_NODE = (r"(?i)^(?:\[?fe80:|169\.254\.|127\.|\[?::1\]?$|\[?::\]?$|localhos
 
 
 def named_peer(peer: pl.Expr) -> pl.Expr:
-    """The peer as a node name when nothing maps it: the address or host itself, unless it is one
-    that cannot name a node (`_NOT_A_NODE`)."""
+    """A peer (or a line's own host) as a node name: the address or host itself, unless it is one
+    that cannot name a node (`_NOT_A_NODE`: link-local, loopback, cut)."""
     bare = peer.str.replace(r"<\d+>$", "")
     return pl.when(bare.str.contains(_NOT_A_NODE)).then(None).otherwise(bare)
 
@@ -157,7 +159,7 @@ def refine(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
     ).drop("_named").with_columns(
         tier=pl.col("role").replace_strict(ROLE_TIER, return_dtype=pl.Int8),
         # Who a row blames: the printer (self), the resolved peer, or nobody.
-        target_node=pl.when(pl.col("implicates") == "self").then(pl.col("node"))
+        target_node=pl.when(pl.col("implicates") == "self").then(named_peer(pl.col("node")))
         .when(pl.col("implicates") == "peer").then(pl.coalesce("peer_node", named_peer(pl.col("peer"))))
         .otherwise(None),
         target_gpu=pl.when(pl.col("implicates") == "self").then(pl.col("gpu")).otherwise(None),
