@@ -106,3 +106,16 @@ def test_a_peer_address_never_resolves_to_the_printer_by_a_shared_first_octet(wr
               "10.9.9.9<34567> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
     d = diagnose_files([p], ruleset)
     assert "10.42.7.19" not in d["culprit"]["nodes"]
+
+
+def test_ranks_timing_out_at_different_seqnums_name_the_one_behind(write, ruleset):
+    wd = ("[rank{r}]:[E1206 18:44:13.275158817 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective "
+          "operation timeout: WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+          "ran for 600060 milliseconds before timing out.")
+    p = write("job/train.log", *(wd.format(r=r, s=1580 if r != 5 else 1579) for r in range(8)))
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["culprit"]["ranks"] == [5]
+    assert "lowest last completed" in d["confidence_reason"]
+    # all in step: nobody is named
+    p2 = write("job2/train.log", *(wd.format(r=r, s=1580) for r in range(8)))
+    assert diagnose_files([p2], ruleset)["culprit"]["ranks"] == []

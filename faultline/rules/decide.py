@@ -122,7 +122,10 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
         world=_cap("world_size").cast(pl.Int32, strict=False).max(),
     )
     seen = stats.filter(pl.col("rank").is_not_null()).group_by(KEY).agg(seen=pl.col("rank").unique())
-    progress = (hang.with_columns(lc=_cap("last_completed").cast(pl.Int64, strict=False))
+    # Last completed work: the watchdog's own report, or one before the SeqNum a rank timed out at
+    # (ranks out of step time out at different SeqNums; the lowest is behind).
+    progress = (hang.with_columns(lc=pl.coalesce(_cap("last_completed").cast(pl.Int64, strict=False),
+                                                 _cap("seq").cast(pl.Int64, strict=False) - 1))
                 .filter(pl.col("lc").is_not_null() & pl.col("rank").is_not_null())
                 .group_by([*KEY, "rank"]).agg(pl.col("lc").max()))
     lag = (progress.with_columns(lo=pl.col("lc").min().over(KEY), hi=pl.col("lc").max().over(KEY))
