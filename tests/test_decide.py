@@ -119,3 +119,12 @@ def test_ranks_timing_out_at_different_seqnums_name_the_one_behind(write, rulese
     # all in step: nobody is named
     p2 = write("job2/train.log", *(wd.format(r=r, s=1580) for r in range(8)))
     assert diagnose_files([p2], ruleset)["culprit"]["ranks"] == []
+
+
+def test_a_link_local_or_cut_peer_address_names_no_node(write, ruleset):
+    for peer in ("fe80::1e34:daff:fe5a:8b2c%ib0", "10.0.0.", "127.0.0.1"):
+        p = write(f"job-{len(peer)}/train.log",
+                  f"gpu-3:411:420 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+                  f"{peer}<34567> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
+        d = diagnose_files([p], ruleset)
+        assert d["culprit"]["nodes"] == [] and "gpu-3" not in d["culprit"]["nodes"], peer
