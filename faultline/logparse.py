@@ -47,13 +47,11 @@ _C10D_RANK = r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d{1,
 _NCCL = r"(?:^|[\s:\]])([A-Za-z0-9.\-_]*[A-Za-z0-9]):\d+:\d+ \[(\d{1,2})\] "
 _MPI_TAG = r"^\[\d+,(\d+)\]<std(?:out|err)>:"
 # UCX (ucs/debug/log.c): `[1712345678.123456] [host:pid:thread]`, the pid space-padded (`%-5d`), the
-# thread a number or a name; older releases `[host:pid:idx:tid]`.
+# thread a number or a name; older releases `[host:pid:idx:tid]`. Open MPI's opal/orte messages and
+# backtraces: `[host:pid] *** Process received signal ***`, the same `[host:N]` shape from wrappers. The
+# number is a pid, not a rank. One regex for both; source-file tags (`[file.cpp:12]`) are not hosts.
 _UCX = (r"^(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*(?:\[\d{9,10}\.\d+\]\s+)?"
-        r"\[([A-Za-z0-9][A-Za-z0-9.\-]*):\s*\d+\s*(?::[\w\-]+){1,2}\]")
-# Open MPI's opal/orte messages and backtraces: `[host:pid] *** Process received signal ***`; the same
-# `[host:N]` shape from wrappers. The number is a pid, not a rank. Source-file tags (`[file.cpp:12]`)
-# are not hosts.
-_MPI_HOST = r"^\[([A-Za-z][A-Za-z0-9.\-]*[A-Za-z0-9]):\d+\]:? "
+        r"\[([A-Za-z][A-Za-z0-9.\-]*[A-Za-z0-9]):\s*\d+\s*(?::[\w\-]+){0,2}\]")
 _SOURCE_FILE = r"\.(?:cpp|cc|cxx|c|h|hpp|cu|py|rs|go)$"
 # A shell prompt pasted with the output: `user@gpu-node-3:~/run$ python train.py`.
 _PROMPT = r"^(?:\([\w.\-]+\)\s)?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*):[~/][^$#\n]*[$#] "
@@ -105,8 +103,7 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None) -
     node = pl.coalesce(
         line.str.extract(_SYSLOG, 4),
         line.str.extract(_JOURNAL, 3),
-        line.str.extract(_UCX),
-        _not_source_file(line.str.extract(_MPI_HOST)),
+        _not_source_file(line.str.extract(_UCX)),
         line.str.extract(_RAY),
         line.str.extract(_PROMPT),
         line.str.extract(_KUBECTL),
