@@ -60,8 +60,9 @@ def culprit_matches(truth: str, culprit: dict) -> bool:
         if n and (n in text or n.split(".")[0] in text):
             return True
     ranks = {int(x) for x in re.findall(r"\brank\s*:?\s*(\d+)", text)}
-    ranks |= {int(x) for x in re.findall(r"\blocal[ _]rank\s*(\d+)", text)}
-    if ranks & set(culprit.get("ranks") or []):
+    local = {int(x) for x in re.findall(r"\blocal[ _]rank\s*:?\s*(\d+)", text)}
+    ranks |= local
+    if ranks & set(culprit.get("ranks") or []) or local & set(culprit.get("local_ranks") or []):
         return True
     pci = {_pci_key(x) for x in _PCI.findall(text)}
     if pci & {_pci_key(x) for x in culprit.get("gpu_pci") or []}:
@@ -74,7 +75,7 @@ def score_case(case: str, truth: dict, d: dict) -> CaseResult:
     t_out = truth.get("outcome_category") or truth.get("outcome")
     t_cul = truth.get("culprit")
     cul = d["culprit"]
-    blamed = bool(cul["nodes"] or cul["ranks"] or cul["gpus"] or cul.get("gpu_pci"))
+    blamed = bool(cul["nodes"] or cul["ranks"] or cul["gpus"] or cul.get("gpu_pci") or cul.get("local_ranks"))
     confident = d["confidence"] in ("high", "medium")
     right = None if not t_cul else (blamed and culprit_matches(str(t_cul), cul))
     takes_node = d["recommended_action"]["action"] in NODE_ACTIONS
@@ -83,7 +84,8 @@ def score_case(case: str, truth: dict, d: dict) -> CaseResult:
     text = str(t_cul or "").lower()
     truth_by_rank = re.search(r"\brank", text) is not None
     truth_by_rank_only = re.match(r"\W*(?:local[ _])?rank", text) is not None
-    comparable = (bool(cul["ranks"]) and truth_by_rank) or (bool(cul["nodes"]) and not truth_by_rank_only)
+    comparable = ((bool(cul["ranks"]) and truth_by_rank) or (bool(cul["nodes"]) and not truth_by_rank_only)
+                  or (bool(cul.get("local_ranks")) and re.search(r"\blocal[ _]rank", text) is not None))
     wrong = blamed and (
         t_out == "healthy"
         or (bool(t_cul) and not right and confident and comparable)

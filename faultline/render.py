@@ -19,7 +19,7 @@ def render(d: dict, color: bool = False) -> str:
              f"domain {d['domain']} · confidence {d['confidence']}   [{d['cluster']}/{d['job_id']}]",
              f"  {d['root_cause']}"]
     cul = d["culprit"]
-    if cul["nodes"] or cul["ranks"] or cul["gpus"] or cul.get("gpu_pci"):
+    if cul["nodes"] or cul["ranks"] or cul["gpus"] or cul.get("gpu_pci") or cul.get("local_ranks"):
         bits = []
         if cul["nodes"]:
             bits.append("node " + ", ".join(cul["nodes"]))
@@ -27,6 +27,8 @@ def render(d: dict, color: bool = False) -> str:
             bits.append("rank " + ", ".join(map(str, cul["ranks"])))
         if cul["gpus"]:
             bits.append("gpu " + ", ".join(map(str, cul["gpus"])))
+        if cul.get("local_ranks"):
+            bits.append("local rank " + ", ".join(map(str, cul["local_ranks"])))
         if cul.get("gpu_pci"):
             bits.append("GPU at PCI " + ", ".join(cul["gpu_pci"]))
         lines.append(f"  culprit   {'; '.join(bits)}")

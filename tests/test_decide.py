@@ -4,7 +4,7 @@ from faultline.pipeline import diagnose_files
 
 from .test_worked_examples import watchdog
 
-NOBODY = {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": []}
+NOBODY = {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []}
 
 
 def test_teardown_alone_says_failed_but_not_why(write, ruleset):
@@ -128,3 +128,13 @@ def test_a_link_local_or_cut_peer_address_names_no_node(write, ruleset):
                   f"{peer}<34567> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
         d = diagnose_files([p], ruleset)
         assert d["culprit"]["nodes"] == [] and "gpu-3" not in d["culprit"]["nodes"], peer
+
+
+def test_a_worker_known_only_by_its_local_rank_is_the_culprit(write, ruleset):
+    p = write("job/train.log",
+              "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 4101 closing signal SIGTERM",
+              "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 2 (pid: 4102) "
+              "of binary: /usr/bin/python")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "host_oom"
+    assert d["culprit"]["local_ranks"] == [2] and d["culprit"]["ranks"] == [] and d["culprit"]["nodes"] == []

@@ -85,4 +85,4 @@ def test_only_garbage_gives_a_verdict(write, ruleset):
     p = write("noise.bin", data=os.urandom(100_000))
     d = diagnose_files([p], ruleset)
     assert d["outcome"] in ("healthy", "unknown")
-    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": []}
+    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []}

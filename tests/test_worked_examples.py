@@ -99,7 +99,7 @@ def test_a_rank_that_never_spoke_is_hang_or_lost_node(tmp_path, write, ruleset):
     d = diagnose_files([tmp_path / "train.log"], ruleset)
     assert d["ambiguous"]
     assert {c["outcome"] for c in d["candidates"]} == {"nccl_timeout_hang", "node_failure"}
-    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": []}
+    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []}
     assert d["recommended_action"]["action"] == "human_review"
 
 
@@ -115,7 +115,7 @@ def test_completed_job_with_benign_chatter_is_healthy(tmp_path, write, ruleset):
           "New row (0x0000000000001234) marked for remapping, reset gpu to activate.")
     d = diagnose_files([tmp_path], ruleset, state="COMPLETED")
     assert d["outcome"] == "healthy"
-    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": []}
+    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []}
     assert d["recommended_action"]["action"] == "no_action"
 
 
@@ -124,7 +124,7 @@ def test_time_limit_does_not_blame_the_printing_node(tmp_path, write, ruleset):
           "slurmstepd: error: *** JOB 4711 ON gpu017 CANCELLED AT 2024-03-21T10:00:00 DUE TO TIME LIMIT ***")
     d = diagnose_files([tmp_path / "slurm-4711.out"], ruleset)
     assert d["outcome"] == "scheduler_timelimit"
-    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": []}
+    assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []}
     assert d["recommended_action"]["action"] not in ("drain_node", "reset_gpu")
 
 

@@ -67,8 +67,9 @@ def culprits(active: pl.DataFrame, winners: pl.DataFrame, cfg: DecideConfig) -> 
     rows = active.join(winners.select(*KEY, "outcome", t_win="t"), on=[*KEY, "outcome"])
     rows = rows.filter(pl.col("tier") == pl.col("tier").min().over(KEY))
     blamed = rows.filter(pl.col("target_node").is_not_null() | pl.col("target_rank").is_not_null()
-                         | pl.col("target_gpu_pci").is_not_null())
-    first = blamed.group_by([*KEY, "target_node", "target_rank", "target_gpu", "target_gpu_pci"]).agg(
+                         | pl.col("target_gpu_pci").is_not_null() | pl.col("target_local_rank").is_not_null())
+    first = blamed.group_by([*KEY, "target_node", "target_rank", "target_local_rank", "target_gpu",
+                             "target_gpu_pci"]).agg(
         t=pl.col("ts").min(), unresolved=pl.col("peer_unresolved").any(), inferred=pl.col("node_inferred").all())
     first = first.join(winners.select(*KEY, t_win="t"), on=KEY).filter(
         pl.col("t").is_null() | pl.col("t_win").is_null() | (pl.col("t") <= pl.col("t_win") + tol))
@@ -77,6 +78,8 @@ def culprits(active: pl.DataFrame, winners: pl.DataFrame, cfg: DecideConfig) -> 
         culprit_ranks=pl.col("target_rank").drop_nulls().unique().sort(),
         culprit_gpus=pl.col("target_gpu").drop_nulls().unique().sort(),
         culprit_gpu_pci=pl.col("target_gpu_pci").drop_nulls().unique().sort(),
+        # local ranks only where no global rank says more
+        culprit_local_ranks=pl.col("target_local_rank").filter(pl.col("target_rank").is_null()).drop_nulls().unique().sort(),
         peer_unresolved=pl.col("unresolved").any(),
         node_inferred=(pl.col("inferred") & pl.col("target_node").is_not_null()).any(),
     )
@@ -209,6 +212,7 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         culprit_ranks=pl.col("culprit_ranks").fill_null(empty_i),
         culprit_gpus=pl.col("culprit_gpus").fill_null(empty_i),
         culprit_gpu_pci=pl.col("culprit_gpu_pci").fill_null(pl.lit([], pl.List(pl.String))),
+        culprit_local_ranks=pl.col("culprit_local_ranks").fill_null(empty_i),
         silent_seen=pl.col("silent_seen").fill_null(empty_i),
         silent_unseen=pl.col("silent_unseen").fill_null(empty_i),
         laggards=pl.col("laggards").fill_null(empty_i),
@@ -255,6 +259,7 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         culprit_ranks=pl.when(pl.col("widespread")).then(empty_i).otherwise("culprit_ranks"),
         culprit_gpus=pl.when(pl.col("widespread")).then(empty_i).otherwise("culprit_gpus"),
         culprit_gpu_pci=pl.when(pl.col("widespread")).then(pl.lit([], pl.List(pl.String))).otherwise("culprit_gpu_pci"),
+        culprit_local_ranks=pl.when(pl.col("widespread")).then(empty_i).otherwise("culprit_local_ranks"),
     )
     # Teardown lines (exit codes, SIGTERMs, step cancels) say the job died, never why; failure
     # markers (a traceback header, an error-level line) that no rule explains, likewise.
@@ -280,6 +285,7 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         culprit_ranks=pl.when(completed).then(empty_i).otherwise(pl.col("culprit_ranks")),
         culprit_gpus=pl.when(completed).then(empty_i).otherwise(pl.col("culprit_gpus")),
         culprit_gpu_pci=pl.when(completed).then(empty_s).otherwise(pl.col("culprit_gpu_pci")),
+        culprit_local_ranks=pl.when(completed).then(empty_i).otherwise(pl.col("culprit_local_ranks")),
     )
     verdict = verdict.join(lost_telemetry(coverage), on=KEY, how="left").with_columns(
         lost=pl.col("lost").fill_null(pl.lit([], pl.List(pl.String))))

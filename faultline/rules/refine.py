@@ -163,6 +163,8 @@ def refine(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
         .when(pl.col("implicates") == "peer").then(pl.coalesce("peer_node", named_peer(pl.col("peer"))))
         .otherwise(None),
         target_gpu=pl.when(pl.col("implicates") == "self").then(pl.col("gpu")).otherwise(None),
+        # A worker known only by its local rank (torchrun's `local_rank: 3`, `[default3]:`) is a culprit too.
+        target_local_rank=pl.when(pl.col("implicates") == "self").then(pl.col("local_rank")).otherwise(None),
         # A GPU known by its PCI address (Xid, nvidia-smi, lspci) is a culprit GPU too.
         target_gpu_pci=pl.when(pl.col("implicates") == "self")
         .then(normalize_pci(pl.col("captures").str.json_path_match("$.gpu_pci"))).otherwise(None),

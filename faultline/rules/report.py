@@ -117,6 +117,8 @@ def _root_cause(v: dict, row: dict, inferred: list[int]) -> str:
         where.append("node " + ", ".join(v["culprit"]["nodes"]))
     if v["culprit"]["ranks"]:
         where.append("rank " + ", ".join(map(str, v["culprit"]["ranks"])))
+    if v["culprit"]["local_ranks"]:
+        where.append("local rank " + ", ".join(map(str, v["culprit"]["local_ranks"])))
     if v["culprit"]["gpu_pci"]:
         where.append("GPU " + ", ".join(v["culprit"]["gpu_pci"]))
     silent = ", ".join(map(str, inferred))
@@ -147,12 +149,12 @@ def build_diagnoses(verdict: pl.DataFrame, refined: pl.DataFrame, cand: pl.DataF
     out = []
     for row in table.iter_rows(named=True):  # shaping the final, per-job JSON objects
         culprit = {"nodes": row["culprit_nodes"], "ranks": row["culprit_ranks"], "gpus": row["culprit_gpus"],
-                   "gpu_pci": row["culprit_gpu_pci"]}
+                   "gpu_pci": row["culprit_gpu_pci"], "local_ranks": row["culprit_local_ranks"]}
         if row["ambiguous"]:
             # Unsure of the cause; sure of the place only if every candidate names the same node(s).
             places = {tuple(c["nodes"] or ()) for c in row["candidates"] or []}
             agreed = list(places.pop()) if len(places) == 1 and row["inference"] != "silent_unseen" else []
-            culprit = {"nodes": agreed, "ranks": [], "gpus": [], "gpu_pci": []}
+            culprit = {"nodes": agreed, "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []}
         nodes = sorted(set(row["all_nodes"] or []) | set(row["sym_nodes"] or []))
         ranks = sorted(set(row["all_ranks"] or []) | set(row["sym_ranks"] or []))
         v = {
@@ -171,17 +173,17 @@ def build_diagnoses(verdict: pl.DataFrame, refined: pl.DataFrame, cand: pl.DataF
         if row["ambiguous"]:
             v["candidates"] = [{
                 "outcome": c["outcome"], "domain": c["domain"],
-                "culprit": {"nodes": c["nodes"] or [], "ranks": [], "gpus": [], "gpu_pci": []},
+                "culprit": {"nodes": c["nodes"] or [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []},
                 "priority": c["priority"],
                 "evidence": [_evidence_row(c["first"])] if c["first"] else [],
             } for c in (row["candidates"] or [])]
             if row["inference"] == "silent_unseen":
                 v["candidates"] = [
                     {"outcome": "nccl_timeout_hang", "domain": "unknown",
-                     "culprit": {"nodes": [], "ranks": row["culprit_ranks"], "gpus": [], "gpu_pci": []},
+                     "culprit": {"nodes": [], "ranks": row["culprit_ranks"], "gpus": [], "gpu_pci": [], "local_ranks": []},
                      "priority": None, "evidence": v["evidence"][:1]},
                     {"outcome": "node_failure", "domain": "infrastructure",
-                     "culprit": {"nodes": [], "ranks": row["culprit_ranks"], "gpus": [], "gpu_pci": []},
+                     "culprit": {"nodes": [], "ranks": row["culprit_ranks"], "gpus": [], "gpu_pci": [], "local_ranks": []},
                      "priority": None, "evidence": []},
                 ]
         v["root_cause"] = _root_cause(v, {"first_summary": row["first_summary"], "first_captures": row["first_captures"]}
