@@ -18,7 +18,8 @@ def test_teardown_alone_says_failed_but_not_why(write, ruleset):
 
 
 def test_a_completed_job_is_healthy_whatever_it_printed(write, ruleset):
-    p = write("train.log", "[rank0]: Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__>",
+    # (an exception the interpreter *ignored* is not even a failure without the state: python.exception_ignored)
+    p = write("train.log", "[rank0]: Traceback (most recent call last):",
               "[rank0]: AttributeError: 'NoneType' object has no attribute 'join'")
     assert diagnose_files([p], ruleset)["outcome"] == "user_code_error"  # without the scheduler's word
     d = diagnose_files([p], ruleset, state="COMPLETED")
@@ -138,3 +139,14 @@ def test_a_worker_known_only_by_its_local_rank_is_the_culprit(write, ruleset):
     d = diagnose_files([p], ruleset)
     assert d["outcome"] == "host_oom"
     assert d["culprit"]["local_ranks"] == [2] and d["culprit"]["ranks"] == [] and d["culprit"]["nodes"] == []
+
+
+def test_an_ignored_exception_at_shutdown_is_not_a_failure(write, ruleset):
+    p = write("job/train.log", "Training finished.", "Exception ignored in: <function Pool.__del__ at 0x7f5b2c1d3e20>",
+              "Traceback (most recent call last):", '  File "/usr/lib/python3.10/multiprocessing/pool.py", line 268',
+              "AttributeError: 'NoneType' object has no attribute 'warn'")
+    assert diagnose_files([p], ruleset)["outcome"] == "healthy"
+    # a real traceback far below still counts
+    q = write("job2/train.log", "Exception ignored in: <function Pool.__del__ at 0x7f5b2c1d3e20>",
+              *[f"step {i}" for i in range(40)], "Traceback (most recent call last):", "KeyError: 'labels'")
+    assert diagnose_files([q], ruleset)["outcome"] == "user_code_error"

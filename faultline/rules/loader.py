@@ -94,7 +94,7 @@ class _Builder:
         if status not in taxonomy.STATUSES:
             self.bad(where, f"status {status!r} not in {taxonomy.STATUSES}")
         known = {"id", "title", "status", "description", "references", "match", "emits", "priority",
-                 "supersedes", "action", "lookup", "tests", "__line__"}
+                 "supersedes", "supersedes_within", "action", "lookup", "tests", "__line__"}
         for key in raw:
             if key not in known:
                 self.bad(where, f"unknown key {key!r}")
@@ -116,6 +116,13 @@ class _Builder:
             self.bad(where, "priority must be an integer 0..100")
             priority = 50
 
+        within = raw.get("supersedes_within", 0)
+        if not isinstance(within, int) or not 0 <= within <= 10_000:
+            self.bad(where, "supersedes_within must be a whole number of lines (0..10000)")
+            within = 0
+        if within and not raw.get("supersedes"):
+            self.bad(where, "supersedes_within needs supersedes")
+
         tests = raw.get("tests") or {}
         t_match = tuple(self._test(t, where) for t in tests.get("match") or ())
         t_no = tuple(self._test(t, where) for t in tests.get("no_match") or ())
@@ -133,6 +140,7 @@ class _Builder:
             pack=pack, path=str(path), emits=emits, log=log, job=job,
             references=tuple(str(r) for r in _as_tuple(raw.get("references"))),
             priority=priority, supersedes=tuple(str(s) for s in _as_tuple(raw.get("supersedes"))),
+            supersedes_within=within,
             action=action, lookup=lookup, tests_match=t_match, tests_no_match=t_no,
         )
 
@@ -302,13 +310,13 @@ def load_ruleset(extra: list[Path] | None = None, builtin: bool = True) -> Rules
     known = set(rules) | {r.emits.symptom for r in rules.values()}
     known |= {row["symptom"] for r in rules.values() if r.lookup for row in r.lookup.rows if row.get("symptom")}
     for r in rules.values():
-        targets = [(r.path, t) for t in r.supersedes]
+        targets = [(r.path, "supersedes", t) for t in r.supersedes]
         if r.lookup:
-            targets += [(f"{r.lookup.table} key {row['key']}", t) for row in r.lookup.rows
+            targets += [(f"{r.lookup.table} key {row['key']}", "supersedes", t) for row in r.lookup.rows
                         for t in row.get("supersedes", "").split()]
-        for where, target in targets:
+        for where, key, target in targets:
             if target not in known:
-                builder.bad(where, f"{r.id}: supersedes unknown rule or symptom {target!r}")
+                builder.bad(where, f"{r.id}: {key} unknown rule or symptom {target!r}")
     if builder.problems:
         raise RulesetError(builder.problems)
     ordered = tuple(sorted(rules.values(), key=lambda r: r.id))

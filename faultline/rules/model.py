@@ -70,6 +70,7 @@ class Rule:
     references: tuple[str, ...] = ()
     priority: int = 50
     supersedes: tuple[str, ...] = ()
+    supersedes_within: int = 0  # > 0: supersede only matches in the next N lines of the same file
     action: str = ""
     lookup: Lookup | None = None
     tests_match: tuple[RuleTest, ...] = ()

@@ -52,8 +52,9 @@ def _short_host(col: pl.Expr) -> pl.Expr:
 
 
 def supersession_edges(ruleset: Ruleset) -> pl.DataFrame:
-    """(winner, target): a rule id or a symptom (lookup rows speak for their symptom) and what it explains."""
-    edges = {(r.id, t) for r in ruleset.rules for t in r.supersedes}
+    """(winner, target): a rule id or a symptom (lookup rows speak for their symptom) and what it explains,
+    job-wide. Rules with `supersedes_within` explain only nearby lines (`local_edges`)."""
+    edges = {(r.id, t) for r in ruleset.rules if not r.supersedes_within for t in r.supersedes}
     edges |= {(row["symptom"], t) for r in ruleset.rules if r.lookup for row in r.lookup.rows
               if row.get("symptom") for t in row.get("supersedes", "").split()}
     return pl.DataFrame(sorted(edges), schema={"winner": pl.String, "target": pl.String}, orient="row")
@@ -77,6 +78,33 @@ def supersede(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
         pl.when((pl.col("w1") != mine[0]) & (pl.col("w1") != mine[1])).then(pl.col("w1")),
         pl.when((pl.col("w2") != mine[0]) & (pl.col("w2") != mine[1])).then(pl.col("w2")),
     )).drop("w1", "w2")
+
+
+_EDGE = {"rule_id": pl.String, "target": pl.String, "within": pl.Int64}
+
+
+def local_edges(ruleset: Ruleset) -> pl.DataFrame:
+    """(rule, target, within): a rule that explains only the next `within` lines of its own file
+    (`Exception ignored in:` and the traceback right below it)."""
+    rows = [(r.id, t, r.supersedes_within) for r in ruleset.rules if r.supersedes_within for t in r.supersedes]
+    return pl.DataFrame(rows, schema=_EDGE, orient="row")
+
+
+def set_aside_by_order(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
+    """Mark, in `superseded_by`, matches explained by a line just above them in the same file
+    (`supersedes_within`: the traceback right below `Exception ignored in:`)."""
+    near = local_edges(ruleset)
+    if symptoms.height == 0 or near.height == 0:
+        return symptoms
+    by = [*KEY, "file"]
+    rows = symptoms.with_row_index("_row").select("_row", *by, "seq", "rule_id", "symptom")
+    win = rows.join(near, on="rule_id").select(*by, w_seq="seq", winner="rule_id", target="target", within="within")
+    marks = [rows.join(win, left_on=[*by, col], right_on=[*by, "target"])
+             .filter((pl.col("seq") > pl.col("w_seq")) & (pl.col("seq") <= pl.col("w_seq") + pl.col("within")))
+             .select("_row", by_rule="winner") for col in ("rule_id", "symptom")]
+    mark = pl.concat(marks).group_by("_row").agg(pl.col("by_rule").min())
+    out = symptoms.with_row_index("_row").join(mark, on="_row", how="left", maintain_order="left")
+    return out.with_columns(superseded_by=pl.coalesce("superseded_by", "by_rule")).drop("_row", "by_rule")
 
 
 def resolve_peers(symptoms: pl.DataFrame) -> pl.DataFrame:
@@ -149,7 +177,7 @@ def place_summary_entries(symptoms: pl.DataFrame) -> pl.DataFrame:
 
 
 def refine(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
-    out = resolve_peers(supersede(place_summary_entries(symptoms), ruleset))
+    out = resolve_peers(set_aside_by_order(supersede(place_summary_entries(symptoms), ruleset), ruleset))
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(pl.element().cast(pl.Int32))
     out = out.with_columns(_named=pl.when(pl.col("implicates") == "peer").then(named)).explode("_named")
