@@ -6,6 +6,8 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="faultline-prefect
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# The validated-ruleset cache of this run stays out of the user's ~/.cache.
+os.environ.setdefault("FAULTLINE_CACHE_DIR", tempfile.mkdtemp(prefix="faultline-cache-"))
 
 from pathlib import Path
 

@@ -1,6 +1,7 @@
 """The packs' own tests, and the loader's promises: every problem at once, with its place."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,25 @@ def test_no_literal_fires_on_ordinary_training_chatter(ruleset):
     hits = {lit: int(lines.str.contains_any([lit], ascii_case_insensitive=True).sum()) for lit in literals}
     noisy = {lit: n for lit, n in hits.items() if n > 0.10 * lines.len()}
     assert not noisy, noisy
+
+
+def test_ruleset_cache_is_keyed_by_the_pack_content(tmp_path, monkeypatch):
+    import shutil
+
+    from faultline.rules.loader import load_ruleset
+
+    monkeypatch.setenv("FAULTLINE_CACHE_DIR", str(tmp_path / "cache"))
+    pack = tmp_path / "ops"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "faultline/rules/packs/generic", pack)
+    first = load_ruleset([pack], builtin=False)
+    assert len(list((tmp_path / "cache").glob("ruleset-*.pickle"))) == 1
+    again = load_ruleset([pack], builtin=False)
+    assert again.version == first.version and [r.id for r in again.rules] == [r.id for r in first.rules]
+    f = pack / "markers.yaml"
+    f.write_text(f.read_text().replace("priority: 3\n", "priority: 4\n", 1))
+    changed = load_ruleset([pack], builtin=False)
+    assert changed.version != first.version
+    assert sorted(r.priority for r in changed.rules) != sorted(r.priority for r in first.rules)
+    # a cache that cannot be written is not used, and nothing fails
+    monkeypatch.setenv("FAULTLINE_CACHE_DIR", "/proc/no-such-place")
+    assert load_ruleset([pack], builtin=False).version == changed.version

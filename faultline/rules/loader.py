@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import os
+import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,10 +275,51 @@ def discover_packs(extra: list[Path] | None = None, builtin: bool = True) -> lis
     return dirs
 
 
+def _cache_file(dirs: list[Path]) -> Path | None:
+    """Where the validated ruleset of exactly these pack files (and this loader and model code) is kept.
+    FAULTLINE_CACHE_DIR, else $XDG_CACHE_HOME/faultline or ~/.cache/faultline; `off` disables it."""
+    where = os.environ.get("FAULTLINE_CACHE_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "faultline")
+    if where == "off":
+        return None
+    key = hashlib.sha256()
+    for code in (Path(__file__), Path(__file__).with_name("model.py")):
+        key.update(code.read_bytes())
+    for d in dirs:
+        for f in sorted(p for p in d.iterdir() if p.suffix in (".yaml", ".yml", ".csv")):
+            key.update(str(f.resolve()).encode() + b"\0" + f.read_bytes() + b"\0")
+    return Path(where) / f"ruleset-{key.hexdigest()[:32]}.pickle"
+
+
 def load_ruleset(extra: list[Path] | None = None, builtin: bool = True) -> Ruleset:
-    """Load and validate packs. Operator rules with an existing id override the built-in one."""
-    builder = _Builder()
+    """Load and validate packs (operator rules with an existing id override the built-in one), or take
+    the same packs' validated ruleset from the cache: validating ~400 regexes costs more than a small
+    diagnosis. A cache that cannot be read or written is simply not used."""
     dirs = discover_packs(extra, builtin)
+    cache = _cache_file(dirs)
+    if cache is not None:
+        try:
+            with cache.open("rb") as fh:
+                cached = pickle.load(fh)  # noqa: S301 - written by this code, keyed by its own content
+            if isinstance(cached, Ruleset):
+                return cached
+        except (OSError, EOFError, pickle.PickleError, AttributeError, ImportError, TypeError, ValueError):
+            pass
+    ruleset = _load_ruleset(dirs)
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            with tmp.open("wb") as fh:
+                pickle.dump(ruleset, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, cache)
+        except OSError:
+            pass
+    return ruleset
+
+
+def _load_ruleset(dirs: list[Path]) -> Ruleset:
+    builder = _Builder()
     files = pack_files(dirs)
     digest = hashlib.sha256()
     rules: dict[str, Rule] = {}
