@@ -95,7 +95,7 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
     print("  collect  (Prefect flow, one task per cluster x day) ...")
     collected = flows.collect(data_dir=str(demo), start=start, end=end)
     print("  diagnose (every failed job of the window at once) ...")
-    diagnosed = flows.diagnose(data_dir=str(demo), start=start, end=end)
+    diagnosed = flows.diagnose(data_dir=str(demo))
     print("  report   (trend tables + HTML) ...")
     html = flows.report(data_dir=str(demo), day=(end.date() - __import__("datetime").timedelta(days=1)),
                         days=(end - start).days)

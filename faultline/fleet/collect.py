@@ -108,11 +108,31 @@ def coverage_rows(cluster: ClusterConfig, failed: pl.DataFrame, logs: pl.DataFra
     return grid.select(*JOB_KEY, "source", status=status, rows=pl.col("rows").cast(pl.Int64), reason=reason)
 
 
-def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, margin_minutes: float = 15) -> Collected:
-    """Everything one cluster says about the jobs that ended in [start, end). A source that fails is
-    recorded (coverage error) and the others still land; so does a job whose logs failed alone."""
+# What the scheduler says of a job that, changed, makes it a new input (re-collected, re-diagnosed).
+RECHECK = ("state", "raw_state", "exit_code", "signal", "start_time", "end_time", "nodes")
+
+
+def new_or_changed(jobs: pl.DataFrame, known: pl.DataFrame | None) -> pl.DataFrame:
+    """The attempts of `jobs` that `known` (committed jobs rows) lacks, or holds with another
+    scheduler row (state, exit code, times, nodes): one join, no loop."""
+    if known is None or known.height == 0 or jobs.height == 0:
+        return jobs
+    old = known.select(*JOB_KEY, *[pl.col(c).alias(f"{c}__old") for c in RECHECK], _known=pl.lit(True))
+    both = jobs.join(old.unique(JOB_KEY, keep="last"), on=JOB_KEY, how="left", maintain_order="left")
+    same = pl.all_horizontal([pl.col(c).eq_missing(pl.col(f"{c}__old")) for c in RECHECK])
+    return both.filter(~(pl.col("_known").fill_null(False) & same)).select(jobs.columns)
+
+
+def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, margin_minutes: float = 15,
+                    known: pl.DataFrame | None = None) -> Collected:
+    """Everything one cluster says about the jobs that ended in [start, end) (and, given `known`, the
+    committed jobs rows, only the new or changed ones). A source that fails is recorded (coverage
+    error) and the others still land; so does a job whose logs failed alone."""
     errors: dict[str, str] = {}
     jobs, allocs = scheduler_jobs(cluster, start, end)
+    if known is not None:
+        jobs = new_or_changed(jobs, known)
+        allocs = allocs.join(jobs.select(JOB_KEY), on=JOB_KEY, how="semi")
     failed = jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
     try:
         raw, notes = fetch_logs(cluster, failed, margin_minutes)

@@ -1,7 +1,8 @@
 """The flows of DESIGN.md, thin: collect -> load -> evaluate -> write back.
 
-collect       jobs that ended in a window, their logs and coverage, per cluster x day partition
-diagnose      every failed job of a window at once, per cluster x day partition
+collect       per cluster, from its cursor to now: new job attempts, their logs and coverage (one commit)
+diagnose      per cluster, every committed failed job without a diagnosis of the current ruleset
+backfill      history: collect from a date day by day, then diagnose
 report        trend tables, one self-contained HTML report, a Prefect markdown artifact
 diagnose_job  one job, on a `faultline.job.failed` event, the API or the CLI
 backtest      a candidate ruleset over a past window: which verdicts would change
@@ -35,34 +36,57 @@ def _utc(t: datetime | str | None, default: datetime) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def _window(start, end, minutes: int = 10) -> tuple[datetime, datetime]:
+def _window(start, end, minutes: int = 24 * 60) -> tuple[datetime, datetime]:
     now = datetime.now(timezone.utc).replace(second=0, microsecond=0)
     end_t = _utc(end, now)
     return _utc(start, end_t - timedelta(minutes=minutes)), end_t
 
 
 @flow(name="collect", log_prints=True, task_runner=_partition_runner())
-def collect(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None) -> list[dict]:
-    """Pull jobs that ended in [start, end) (default: the last 10 minutes) and their telemetry."""
-    s, e = _window(start, end)
+def collect(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None,
+            now: datetime | None = None) -> list[dict]:
+    """Each cluster from its cursor (less the scheduler's lag allowance) to now: a missed or failed run is
+    caught up by the next, a re-run writes nothing. With `start` (and `end`, default now): that window."""
     cfg = load_config(Path(data_dir))
-    parts = [(c.name, a, b) for c in cfg.clusters for a, b in tasks.partitions(s, e)]
-    futures = tasks.collect_partition.map([data_dir] * len(parts), [p[0] for p in parts],
-                                          [p[1] for p in parts], [p[2] for p in parts])
-    return [f.result() for f in futures]
+    names = [c.name for c in cfg.clusters]
+    if start is None:
+        futures = tasks.collect_cluster.map([data_dir] * len(names), names, [now] * len(names))
+    else:
+        s, e = _utc(start, None), _utc(end, now or datetime.now(timezone.utc))
+        futures = tasks.collect_partition.map([data_dir] * len(names), names, [s] * len(names), [e] * len(names),
+                                              [now] * len(names))
+    out = [f.result() for f in futures]
+    for r in out:
+        print(f"collect {r['cluster']}: {r['jobs']} new job attempt(s), {r['failed']} failed, {r['held']} held back "
+              f"(logs failed), read {r['start']} .. {r['end']}, cursor {r['cursor']}")
+    return out
 
 
 @flow(name="diagnose", log_prints=True, task_runner=_partition_runner())
-def diagnose(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None,
-             rules: list[str] | None = None) -> list[dict]:
-    """Diagnose every failed job that ended in [start, end) (default: the last 10 minutes)."""
-    s, e = _window(start, end)
+def diagnose(data_dir: str = "data", rules: list[str] | None = None, now: datetime | None = None) -> list[dict]:
+    """Every collected failed job, fleet-wide, without a diagnosis of the current ruleset (or whose inputs
+    changed): no window, so a late, missed or killed run loses nothing."""
     cfg = load_config(Path(data_dir))
-    parts = [(c.name, a, b) for c in cfg.clusters for a, b in tasks.partitions(s, e)]
-    futures = tasks.diagnose_partition.map([data_dir] * len(parts), [p[0] for p in parts],
-                                           [p[1] for p in parts], [p[2] for p in parts],
-                                           [rules] * len(parts))
-    return [f.result() for f in futures]
+    names = [c.name for c in cfg.clusters]
+    futures = tasks.diagnose_pending.map([data_dir] * len(names), names, [rules] * len(names), [now] * len(names))
+    out = [f.result() for f in futures]
+    for r in out:
+        print(f"diagnose {r['cluster']}: {r['diagnosed']} job(s) with ruleset {r['ruleset']}")
+    return out
+
+
+@flow(name="backfill", log_prints=True)
+def backfill(since: datetime, data_dir: str = "data", until: datetime | None = None) -> list[dict]:
+    """History from `since`: collect day by day (each day committed, the cursor moved along when contiguous),
+    then diagnose what is pending. Re-running it is a no-op."""
+    from faultline.fleet.watermark import backfill as run
+
+    cfg = load_config(Path(data_dir))
+    out = run(cfg, _utc(since, None), tasks.ruleset_for(data_dir), until=_utc(until, None) if until else None)
+    for r in out:
+        print(f"backfill {r['cluster']}: {r['jobs']} job attempt(s), {r['failed']} failed, "
+              f"{r['diagnosed']} diagnosed, cursor {r['cursor']}")
+    return out
 
 
 @flow(name="report", log_prints=True)
@@ -96,7 +120,7 @@ def diagnose_job(cluster: str, job_id: str, data_dir: str = "data") -> dict:
 def backtest(candidate_rules: list[str], data_dir: str = "data", start: datetime | None = None,
              end: datetime | None = None, builtin: bool = True) -> list[dict]:
     """Re-run a candidate ruleset over [start, end) and list the jobs whose verdict would change."""
-    s, e = _window(start, end, minutes=24 * 60)
+    s, e = _window(start, end)
     baseline = tasks.ruleset_for(data_dir)
     candidate = tasks.ruleset_for(data_dir, candidate_rules, builtin)
     cfg = load_config(Path(data_dir))
