@@ -131,3 +131,23 @@ def test_backtest_lists_the_verdicts_a_candidate_ruleset_would_change(tmp_path, 
         ("1004", "config_error", "user_code_error")]
     versions = Warehouse(tmp_path / "data" / "warehouse").sql("SELECT DISTINCT ruleset FROM diagnoses")["ruleset"]
     assert versions.len() == 2  # both verdicts sit side by side
+
+
+def test_settings_of_the_deployments_fail_clearly_when_missing(tmp_path, monkeypatch):
+    from faultline.flows.env import DATA_ENV, data_dir_of
+    from faultline.flows.steps import ENV, project_dir, set_project_dir
+
+    monkeypatch.delenv(DATA_ENV, raising=False)
+    with pytest.raises(ValueError, match="pass the flow's data_dir parameter or set FAULTLINE_DATA_DIR"):
+        data_dir_of(None)
+    monkeypatch.setenv(DATA_ENV, str(tmp_path))
+    with pytest.raises(ValueError, match="has no faultline.yaml: run `faultline demo`"):
+        data_dir_of(None)
+    data = make_fleet(tmp_path)
+    monkeypatch.setenv(DATA_ENV, str(data))
+    assert data_dir_of(None) == str(data)
+    monkeypatch.setenv(ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="is not a faultline checkout"):
+        set_project_dir()
+    monkeypatch.delenv(ENV)
+    assert (project_dir() / "prefect.yaml").is_file()  # the checkout faultline is installed from

@@ -17,6 +17,7 @@ from faultline.taxonomy import FAILED_STATES, SOURCES
 from faultline.warehouse.schema import JOB_KEY, TABLES
 
 LOG_SOURCES = ("applog", "syslog")
+REQUEUE_DAYS = 1  # how far back a requeued job's earlier attempts are looked for
 
 
 @dataclass
@@ -37,12 +38,15 @@ def days_between(start: datetime, end: datetime) -> list[str]:
 
 
 def scheduler_jobs(cluster: ClusterConfig, start: datetime, end: datetime) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Job attempts that ended in [start, end), with their allocations."""
+    """Job attempts that ended in [start, end), with their allocations. The scheduler is asked from a day
+    earlier: a requeued job's attempts are numbered by the rows sacct prints for its id, so its earlier
+    attempt must be among them (else attempt 1 would read as attempt 0, a second row for one key)."""
     kind = cluster.scheduler["kind"]
+    since = start - timedelta(days=REQUEUE_DAYS)
     if kind == "sacct_files":
-        text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(start, end))
+        text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(since, end))
     else:
-        text = slurm.run_sacct(start, end, cluster.scheduler.get("command", "sacct"))
+        text = slurm.run_sacct(since, end, cluster.scheduler.get("command", "sacct"))
     jobs, allocs = slurm.parse_sacct(text, cluster.name)
     jobs = jobs.filter((pl.col("end_time") >= start) & (pl.col("end_time") < end))
     allocs = allocs.join(jobs.select(JOB_KEY), on=JOB_KEY, how="semi")

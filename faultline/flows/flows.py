@@ -20,6 +20,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from faultline.flows import tasks
+from faultline.flows.env import data_dir_of
 from faultline.fleet.config import load_config
 
 
@@ -43,10 +44,11 @@ def _window(start, end, minutes: int = 24 * 60) -> tuple[datetime, datetime]:
 
 
 @flow(name="collect", log_prints=True, task_runner=_partition_runner())
-def collect(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None,
+def collect(data_dir: str | None = None, start: datetime | None = None, end: datetime | None = None,
             now: datetime | None = None) -> list[dict]:
     """Each cluster from its cursor (less the scheduler's lag allowance) to now: a missed or failed run is
     caught up by the next, a re-run writes nothing. With `start` (and `end`, default now): that window."""
+    data_dir = data_dir_of(data_dir)
     cfg = load_config(Path(data_dir))
     names = [c.name for c in cfg.clusters]
     if start is None:
@@ -63,9 +65,10 @@ def collect(data_dir: str = "data", start: datetime | None = None, end: datetime
 
 
 @flow(name="diagnose", log_prints=True, task_runner=_partition_runner())
-def diagnose(data_dir: str = "data", rules: list[str] | None = None, now: datetime | None = None) -> list[dict]:
+def diagnose(data_dir: str | None = None, rules: list[str] | None = None, now: datetime | None = None) -> list[dict]:
     """Every collected failed job, fleet-wide, without a diagnosis of the current ruleset (or whose inputs
     changed): no window, so a late, missed or killed run loses nothing."""
+    data_dir = data_dir_of(data_dir)
     cfg = load_config(Path(data_dir))
     names = [c.name for c in cfg.clusters]
     futures = tasks.diagnose_pending.map([data_dir] * len(names), names, [rules] * len(names), [now] * len(names))
@@ -76,9 +79,10 @@ def diagnose(data_dir: str = "data", rules: list[str] | None = None, now: dateti
 
 
 @flow(name="backfill", log_prints=True)
-def backfill(since: datetime, data_dir: str = "data", until: datetime | None = None) -> list[dict]:
+def backfill(since: datetime, data_dir: str | None = None, until: datetime | None = None) -> list[dict]:
     """History from `since`: collect day by day (each day committed, the cursor moved along when contiguous),
     then diagnose what is pending. Re-running it is a no-op."""
+    data_dir = data_dir_of(data_dir)
     from faultline.fleet.watermark import backfill as run
 
     cfg = load_config(Path(data_dir))
@@ -90,8 +94,9 @@ def backfill(since: datetime, data_dir: str = "data", until: datetime | None = N
 
 
 @flow(name="report", log_prints=True)
-def report(data_dir: str = "data", day: date | None = None, days: int = 7, lemon_k: int = 3) -> str:
+def report(data_dir: str | None = None, day: date | None = None, days: int = 7, lemon_k: int = 3) -> str:
     """Trend tables and the HTML report over the `days` up to `day` (default: yesterday and before)."""
+    data_dir = data_dir_of(data_dir)
     from faultline.fleet.reporting import build_report
 
     end_day = day or (datetime.now(timezone.utc).date() - timedelta(days=1))
@@ -105,8 +110,9 @@ def report(data_dir: str = "data", day: date | None = None, days: int = 7, lemon
 
 
 @flow(name="diagnose_job", log_prints=True)
-def diagnose_job(cluster: str, job_id: str, data_dir: str = "data") -> dict:
+def diagnose_job(cluster: str, job_id: str, data_dir: str | None = None) -> dict:
     """One job (triggered by a `faultline.job.failed` event): collect it and diagnose it."""
+    data_dir = data_dir_of(data_dir)
     from faultline.fleet.single import diagnose_one
 
     cfg = load_config(Path(data_dir))
@@ -117,9 +123,10 @@ def diagnose_job(cluster: str, job_id: str, data_dir: str = "data") -> dict:
 
 
 @flow(name="backtest", log_prints=True, task_runner=_partition_runner())
-def backtest(candidate_rules: list[str], data_dir: str = "data", start: datetime | None = None,
+def backtest(candidate_rules: list[str], data_dir: str | None = None, start: datetime | None = None,
              end: datetime | None = None, builtin: bool = True) -> list[dict]:
     """Re-run a candidate ruleset over [start, end) and list the jobs whose verdict would change."""
+    data_dir = data_dir_of(data_dir)
     s, e = _window(start, end)
     baseline = tasks.ruleset_for(data_dir)
     candidate = tasks.ruleset_for(data_dir, candidate_rules, builtin)
