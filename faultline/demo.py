@@ -96,7 +96,8 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
                  log=lambda msg: print(f"          {msg.strip()}", flush=True))
     names = [c["name"] for c in _json.loads((sim / "fleet.json").read_text())["clusters"]]
     write_config(demo, [{"name": n, "scheduler": {"kind": "sacct_files", "path": str(sim)},
-                         "logs": {"kind": "loki_files", "path": str(sim)}} for n in names], demo=True)
+                         "logs": {"kind": "loki_files", "path": str(sim)},
+                         "node_events": {"kind": "jsonl_files", "path": str(sim)}} for n in names], demo=True)
     truth = pl.read_parquet(sim / "truth.parquet")
     start, end = _window(truth)
     done(f"{s['jobs']} job attempts, {s['failed']} failed, {s['lines']:,} log lines")

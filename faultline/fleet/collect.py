@@ -53,6 +53,24 @@ def scheduler_jobs(cluster: ClusterConfig, start: datetime, end: datetime) -> tu
     return jobs, allocs
 
 
+def node_events(cluster: ClusterConfig, start: datetime, end: datetime) -> pl.DataFrame:
+    """Node events (drain, node_fail, not_ready, resume) of [start, end) from the saved exports,
+    `<path>/<cluster>/node_events/<day>.jsonl` lines {"node", "ts", "kind", "reason"}."""
+    schema = {"cluster": pl.String, "node": pl.String, "ts": pl.Datetime("us", "UTC"), "kind": pl.String,
+              "reason": pl.String}
+    if cluster.node_events is None:
+        return pl.DataFrame(schema=schema)
+    root = Path(cluster.node_events["path"]) / cluster.name / "node_events"
+    parts = [pl.read_ndjson(root / f"{d}.jsonl", schema={"node": pl.String, "ts": pl.String, "kind": pl.String,
+                                                           "reason": pl.String})
+             for d in days_between(start, end) if (root / f"{d}.jsonl").is_file()]
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    ev = pl.concat(parts).with_columns(cluster=pl.lit(cluster.name), ts=pl.col("ts").str.to_datetime(
+        time_unit="us", time_zone="UTC", strict=False))
+    return ev.filter((pl.col("ts") >= start) & (pl.col("ts") < end)).select(list(schema))
+
+
 def fetch_logs(cluster: ClusterConfig, failed: pl.DataFrame,
                margin_minutes: float = 15) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Raw lines of the failed jobs, and per-job notes (`loki_jobs.NOTES_SCHEMA`: a job whose logs failed, or

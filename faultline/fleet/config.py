@@ -13,6 +13,7 @@ clusters:
     scheduler: {kind: sacct_files, path: /sim}     # or {kind: sacct} to run sacct on this host
     logs: {kind: loki_files, path: /sim}           # saved Loki query_range responses, one per line
     metrics: {kind: parquet_files, path: /sim}     # optional
+    node_events: {kind: jsonl_files, path: /sim}   # optional: <path>/<cluster>/node_events/<day>.jsonl
   - name: bravo
     scheduler: {kind: sacct}
     logs:                                          # a live Loki, asked job by job (docs/fleet.md "Live Loki")
@@ -48,6 +49,7 @@ from faultline.collectors.loki import LokiSettings
 SCHEDULER_KINDS = ("sacct_files", "sacct")
 LOG_KINDS = ("loki_files", "loki")
 METRIC_KINDS = ("parquet_files",)
+NODE_EVENT_KINDS = ("jsonl_files",)
 
 
 class ConfigError(ValueError):
@@ -60,6 +62,7 @@ class ClusterConfig:
     scheduler: dict
     logs: dict | None = None
     metrics: dict | None = None
+    node_events: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ def load_config(data_dir: Path, path: Path | None = None) -> FleetConfig:
         _check("scheduler", c.get("scheduler"), SCHEDULER_KINDS, where, True)
         _check("logs", c.get("logs"), LOG_KINDS, where, False)
         _check("metrics", c.get("metrics"), METRIC_KINDS, where, False)
-        clusters.append(ClusterConfig(c["name"], c["scheduler"], c.get("logs"), c.get("metrics")))
+        _check("node_events", c.get("node_events"), NODE_EVENT_KINDS, where, False)
+        clusters.append(ClusterConfig(c["name"], c["scheduler"], c.get("logs"), c.get("metrics"), c.get("node_events")))
     if not clusters:
         raise ConfigError(f"{path}: no clusters configured")
     numbers = {}

@@ -26,7 +26,7 @@ from datetime import date, datetime, timedelta, timezone
 import polars as pl
 
 from faultline.fleet import crashpoints
-from faultline.fleet.collect import LOG_SOURCES, collect_cluster, with_job_date
+from faultline.fleet.collect import LOG_SOURCES, collect_cluster, node_events, with_job_date
 from faultline.fleet.config import FleetConfig
 from faultline.fleet.diagnose import diagnose_tables
 from faultline.rules.model import Ruleset
@@ -124,7 +124,8 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
         if advances:
             reach = b if hold is None else min(b, hold)
             new_cursor = reach if cur is None else max(cur, reach)
-        if got.jobs.height == 0 and new_cursor == cur:
+        events = node_events(ccfg, a, b)
+        if got.jobs.height == 0 and events.height == 0 and new_cursor == cur:
             continue  # nothing new, the cursor stays: nothing to write
         failed = int(got.jobs.filter(pl.col("state").is_in(list(FAILED_STATES))).height)
         dates = sorted(set(got.jobs["end_time"].dt.date().to_list()))
@@ -138,6 +139,8 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
             crashpoints.point("collect.logs")
             out["coverage"] += tx.write("coverage", with_job_date(got.coverage, got.jobs))
             crashpoints.point("collect.coverage")
+            if events.height:
+                tx.write("node_events", events.with_columns(date=pl.col("ts").dt.date()))
         crashpoints.point("collect.committed")
         cur = new_cursor
         out["jobs"] += got.jobs.height

@@ -105,6 +105,12 @@ def report(data_dir: str | None = None, day: date | None = None, days: int = 7, 
     out = build_report(cfg, end_day - timedelta(days=days - 1), end_day, ruleset.version, lemon_k)
     create_markdown_artifact(key="faultline-report", markdown=out.markdown,
                              description=f"faultline fleet report {out.start} .. {out.end}")
+    rows = [{"node": r["node"], "cluster": r["cluster"], "action": r["action"], "why": (r["why"] or "")[:160],
+             "jobs": r["jobs"], "first_seen": str(r["first_seen"]), "last_seen": str(r["last_seen"]),
+             "state": r["state"], "evidence": (r["evidence"] or "")[:200]}
+            for r in (out.actions.head(100).iter_rows(named=True) if out.actions is not None else [])]
+    create_table_artifact(key="faultline-actions", table=rows or [{"node": "none to drain or reset"}],
+                          description=f"drain/reset list {out.start} .. {out.end}")
     get_run_logger().info("report written to %s", out.html_path)
     return str(out.html_path)
 
