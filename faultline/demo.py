@@ -90,7 +90,7 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
         print(f"           {what} ({now - stage['t']:.0f} s; {now - t0:.0f} s in all)", flush=True)
         stage["t"] = now
 
-    print(f"faultline demo -> {demo} (about 1-2 minutes on 2 cores; four stages)", flush=True)
+    print(f"faultline demo -> {demo} (about 2-3 minutes on 2 cores; four stages)", flush=True)
     print(f"  1/4 simulate {jobs} jobs on {clusters} clusters over {days} days ...", flush=True)
     s = simulate(sim, SimConfig(jobs=jobs, days=days, clusters=clusters, seed=seed, nodes_per_cluster=256),
                  log=lambda msg: print(f"          {msg.strip()}", flush=True))

@@ -326,13 +326,13 @@ def _actions_section(act: pl.DataFrame, rate: dict | None, colors: dict[str, str
     for r in act.head(max_rows).iter_rows(named=True):
         chips = "".join(_chip(o, colors) for o in r["outcomes"])
         counts = ", ".join(f"{a.replace('_', ' ')} ×{r[a]}" for a in trends.NODE_ACTIONS if r[a])
-        state = r["state"] + (f" {_ts(r['drained_at'])}" if r["drained_at"] is not None else "")
+        state = r["state"] + (f" (drained {_ts(r['drained_at'])})" if r["drained_at"] is not None else "")
         cls = "warn" if r["state"] in ("not drained", "back in service") else ""
         trs.append(f'<tr><td class="nw"><code>{_e(r["node"])}</code><br><span class="pill">{_e(r["cluster"])}</span></td>'
                    f'<td class="nw"><b>{_e(r["action"].replace("_", " "))}</b><br><span class="note">{_e(counts)}</span></td>'
                    f'<td>{chips}<div>{_e(_clip(r["why"]))}</div>{_ev(r["evidence"])}</td>'
                    f'<td class="n">{r["jobs"]}</td><td class="nw when">{_e(_ts(r["first_seen"]))}<br>'
-                   f'{_e(_ts(r["last_seen"]))}</td><td class="nw {cls}">{_e(state)}</td></tr>')
+                   f'{_e(_ts(r["last_seen"]))}</td><td class="{cls}">{_e(state)}</td></tr>')
     more = f'<p class="more">and {act.height - max_rows} more</p>' if act.height > max_rows else ""
     table = ('<table><thead><tr><th>node</th><th>action</th><th>why, and the line that blames the node</th>'
              '<th class="n">jobs</th><th>first / last seen</th><th>state</th></tr></thead><tbody>'

@@ -396,7 +396,7 @@ def test_readme_warehouse_queries_run(data_dir):
     queries = re.findall(r'^faultline sql "(.+?)"\s*$', section, flags=re.M)
     assert len(queries) >= 4
     wh = Warehouse(data_dir / "warehouse")
-    results = [wh.sql(q.replace("'4711'", "'1'")) for q in queries]
+    results = [wh.sql(q.replace("'4200080'", "'1'")) for q in queries]
     assert all(r.height for r in results)  # the fixture has a repeat offender and an ambiguous verdict
     evidence = [r for q, r in zip(queries, results) if "evidence" in q][0]
     assert evidence["rule"].to_list() == ["gpu_hardware.rule"]

@@ -105,7 +105,8 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
     hold: datetime | None = None
     out = {"cluster": cluster_name, "start": read_from.isoformat(), "end": read_to.isoformat(), "jobs": 0,
            "failed": 0, "held": 0, "allocations": 0, "logs": 0, "coverage": 0, "batches": [], "errors": []}
-    for a, b in day_pieces(read_from, read_to):
+    pieces = day_pieces(read_from, read_to)
+    for n, (a, b) in enumerate(pieces):
         known = wh.read_window("jobs", a, b - timedelta(microseconds=1), [cluster_name])
         got = collect_cluster(ccfg, a, b, cfg.margin_minutes, known)
         out["errors"] += got.errors
@@ -125,8 +126,12 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
             reach = b if hold is None else min(b, hold)
             new_cursor = reach if cur is None else max(cur, reach)
         events = node_events(ccfg, a, b)
-        if got.jobs.height == 0 and events.height == 0 and new_cursor == cur:
-            continue  # nothing new, the cursor stays: nothing to write
+        if events.height:  # the ones not committed yet
+            seen = wh.read_window("node_events", a, b - timedelta(microseconds=1), [cluster_name],
+                                  columns=["cluster", "node", "ts", "kind"])
+            events = events.join(seen, on=["cluster", "node", "ts", "kind"], how="anti")
+        if got.jobs.height == 0 and events.height == 0 and (new_cursor == cur or n < len(pieces) - 1):
+            continue  # nothing new: only the last piece records how far the cursor got
         failed = int(got.jobs.filter(pl.col("state").is_in(list(FAILED_STATES))).height)
         dates = sorted(set(got.jobs["end_time"].dt.date().to_list()))
         batch = unique_batch("collect", cluster_name, stamp(a), stamp(b))
