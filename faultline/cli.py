@@ -189,7 +189,11 @@ def cmd_flow(args) -> int:
     if args.flow == "collect":
         out = flows.collect(start=args.start, end=args.end, **common)
     elif args.flow == "diagnose":
-        out = flows.diagnose(start=args.start, end=args.end, rules=args.rules, **common)
+        if args.start or args.end:
+            print("faultline: flow diagnose has no window: it diagnoses every collected failed job not yet "
+                  "diagnosed with the current ruleset (re-run a window with `flow backtest`)", file=sys.stderr)
+            return 2
+        out = flows.diagnose(rules=args.rules, **common)
     elif args.flow == "report":
         out = flows.report(day=args.day, days=args.days, **common)
     elif args.flow == "job":
@@ -203,6 +207,22 @@ def cmd_flow(args) -> int:
             return 2
         out = flows.backtest(candidate_rules=args.rules, start=args.start, end=args.end,
                              builtin=not args.no_builtin, **common)
+    print(json.dumps(out, default=str, indent=1))
+    return 0
+
+
+def cmd_backfill(args) -> int:
+    from faultline.fleet.config import ConfigError
+    from faultline.flows.env import configure_prefect
+
+    configure_prefect(args.data_dir)
+    from faultline.flows import flows
+
+    try:
+        out = flows.backfill(since=args.since, until=args.until, data_dir=args.data_dir)
+    except ConfigError as exc:
+        print(f"faultline: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(out, default=str, indent=1))
     return 0
 
@@ -293,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     fl = sub.add_parser("flow", help="run one fleet flow through Prefect (ephemeral unless a server is configured)")
     fl.add_argument("flow", choices=["collect", "diagnose", "report", "job", "backtest"])
     fl.add_argument("--data-dir", default="data")
-    fl.add_argument("--start", help="window start (ISO time, UTC); default: 10 minutes before --end")
-    fl.add_argument("--end", help="window end (ISO time, UTC); default: now")
+    fl.add_argument("--start", help="collect/backtest: window start (ISO time, UTC); collect's default: "
+                                    "its cursor less the scheduler lag; backtest's: a day before --end")
+    fl.add_argument("--end", help="collect/backtest: window end (ISO time, UTC); default: now")
     fl.add_argument("--day", help="report: the last day of the report (default yesterday)")
     fl.add_argument("--days", type=int, default=7, help="report: how many days")
     fl.add_argument("--cluster")
@@ -302,6 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--rules", action="append", help="diagnose/backtest: extra or candidate rule pack folder")
     fl.add_argument("--no-builtin", action="store_true", help="backtest: the candidate is only the --rules packs")
     fl.set_defaults(func=cmd_flow)
+
+    bf = sub.add_parser("backfill", help="collect and diagnose history from a date (day by day, a no-op when re-run)")
+    bf.add_argument("--since", required=True, help="first instant to collect (ISO date or time, UTC)")
+    bf.add_argument("--until", help="last instant (default: now)")
+    bf.add_argument("--data-dir", default="data")
+    bf.set_defaults(func=cmd_backfill)
 
     api = sub.add_parser("serve", help="the HTTP API: diagnose jobs, read stored diagnoses (docs/service.md)")
     api.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

@@ -75,30 +75,47 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
     from faultline.warehouse.store import Warehouse
 
     t0 = _time.perf_counter()
-    demo = Path(data_dir).resolve() / "fleet-demo"
+    demo = Path(data_dir).resolve()
+    cfg_path = demo / "faultline.yaml"
+    if cfg_path.is_file() and "demo: true" not in cfg_path.read_text(encoding="utf-8"):
+        print(f"faultline demo: {cfg_path} is not a demo's config; the demo would replace its warehouse. "
+              "Choose another --data-dir.", file=__import__("sys").stderr)
+        return 2
     shutil.rmtree(demo / "warehouse", ignore_errors=True)
     sim = demo / "sim"
-    print(f"faultline demo: simulating {jobs} jobs on {clusters} clusters over {days} days ...")
+    stage = {"t": _time.perf_counter()}
+
+    def done(what: str) -> None:
+        now = _time.perf_counter()
+        print(f"           {what} ({now - stage['t']:.0f} s; {now - t0:.0f} s in all)", flush=True)
+        stage["t"] = now
+
+    print(f"faultline demo -> {demo} (about 2-3 minutes on 2 cores; four stages)", flush=True)
+    print(f"  1/4 simulate {jobs} jobs on {clusters} clusters over {days} days ...", flush=True)
     s = simulate(sim, SimConfig(jobs=jobs, days=days, clusters=clusters, seed=seed, nodes_per_cluster=256),
-                 log=lambda *_: None)
+                 log=lambda msg: print(f"          {msg.strip()}", flush=True))
     names = [c["name"] for c in _json.loads((sim / "fleet.json").read_text())["clusters"]]
     write_config(demo, [{"name": n, "scheduler": {"kind": "sacct_files", "path": str(sim)},
-                         "logs": {"kind": "loki_files", "path": str(sim)}} for n in names])
+                         "logs": {"kind": "loki_files", "path": str(sim)},
+                         "node_events": {"kind": "jsonl_files", "path": str(sim)}} for n in names], demo=True)
     truth = pl.read_parquet(sim / "truth.parquet")
     start, end = _window(truth)
-    print(f"  {s['jobs']} job attempts, {s['failed']} failed, {s['lines']:,} log lines "
-          f"({_time.perf_counter() - t0:.0f} s)")
+    done(f"{s['jobs']} job attempts, {s['failed']} failed, {s['lines']:,} log lines")
 
     configure_prefect(demo)
     from faultline.flows import flows
 
-    print("  collect  (Prefect flow, one task per cluster x day) ...")
+    print("  2/4 collect  (Prefect flow: each cluster's jobs, their logs and coverage, committed per day) ...",
+          flush=True)
     collected = flows.collect(data_dir=str(demo), start=start, end=end)
-    print("  diagnose (every failed job of the window at once) ...")
-    diagnosed = flows.diagnose(data_dir=str(demo), start=start, end=end)
-    print("  report   (trend tables + HTML) ...")
+    done(f"{sum(c['jobs'] for c in collected)} jobs, {sum(c['logs'] for c in collected):,} log lines collected")
+    print("  3/4 diagnose (Prefect flow: every collected failed job at once) ...", flush=True)
+    diagnosed = flows.diagnose(data_dir=str(demo))
+    done(f"{sum(d['diagnosed'] for d in diagnosed)} diagnoses")
+    print("  4/4 report   (trend tables + HTML) ...", flush=True)
     html = flows.report(data_dir=str(demo), day=(end.date() - __import__("datetime").timedelta(days=1)),
                         days=(end - start).days)
+    done("report written")
     wh = Warehouse(demo / "warehouse")
     diagnoses = wh.read("diagnoses")
     sc = fleet_scores(diagnoses, truth)
@@ -122,6 +139,11 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
     print(f"  culprit  {sc['culprit_right']}/{sc['culprit_cases']} "
           f"({100 * sc['culprit_right'] / max(sc['culprit_cases'], 1):.1f}%) of jobs whose truth names one")
     print(f"  wrong blames {sc['wrong_blames']}, ambiguous {sc['ambiguous']}")
-    print(f"\nreport: {html}\nwarehouse: {demo / 'warehouse'}  (try: faultline sql --data-dir {demo} "
-          f"\"SELECT outcome, count(*) FROM diagnoses GROUP BY 1 ORDER BY 2 DESC\")")
+    example = diagnoses.filter(pl.col("outcome") == "gpu_hardware").sort("cluster", "job_id").head(1)
+    print(f"\nreport: {html}\nwarehouse: {demo / 'warehouse'}\ntry: faultline sql"
+          + ("" if demo == Path("data").resolve() else f" --data-dir {data_dir}")
+          + " \"SELECT outcome, count(*) FROM diagnoses GROUP BY 1 ORDER BY 2 DESC\"")
+    if example.height:
+        print(f"     faultline flow job --data-dir {data_dir} --cluster {example['cluster'][0]} "
+              f"--job-id {example['job_id'][0]}")
     return 0 if sc["wrong_blames"] == 0 else 1

@@ -19,15 +19,15 @@ import polars as pl
 from faultline import trends
 from faultline.taxonomy import OUTCOMES
 
-# Paul Tol's "muted" qualitative palette: distinguishable with the common colour-vision
-# deficiencies; the last colour groups whatever does not get its own.
-# Paul Tol's "muted" qualitative palette (plus two of his "bright"/"light" colours): distinguishable
-# with the common colour-vision deficiencies. Healthy and unknown verdicts have fixed greys; outcomes
-# beyond the palette share OTHER.
+# Paul Tol's "muted" qualitative palette, then his "bright" and "light" ones: distinguishable with the
+# common colour-vision deficiencies. Each outcome of the taxonomy has its own colour, fixed by its place
+# in faultline.taxonomy.OUTCOMES, so a colour means the same outcome in every report; healthy and
+# unknown verdicts have fixed greys.
 PALETTE = ("#332288", "#88CCEE", "#117733", "#DDCC77", "#CC6677", "#44AA99", "#882255", "#EE8866", "#4477AA",
-           "#999933", "#AA4499")
+           "#999933", "#AA4499", "#66CCEE", "#228833", "#CCBB44", "#EE6677", "#AA3377", "#BBCC33")
 OTHER = "#8F8F8F"
 FIXED = {"healthy": "#D4D4D4", "unknown": "#5E5E5E"}
+OUTCOME_COLORS = {**dict(zip([o for o in OUTCOMES if o not in FIXED], PALETTE, strict=True)), **FIXED}
 STATUS_COLORS = {"ok": "#117733", "empty": "#DDCC77", "error": "#CC6677", "not_configured": "#BBBBBB"}
 ACCENT = "#332288"
 MAX_LINE = 300
@@ -279,14 +279,10 @@ footer{color:var(--muted);font-size:12px;text-align:center;padding:10px 0 24px}
 _LIGHT = {"#88CCEE", "#44AA99", "#999933", "#DDCC77", "#BBBBBB", "#EE8866", "#D4D4D4"}
 
 
-def _outcome_colors(counts: pl.DataFrame, n: int = len(PALETTE)) -> dict[str, str]:
-    """Largest outcomes get their own colour, in order; the rest share OTHER."""
-    order = [o for o in counts.sort(["jobs", "outcome"], descending=[True, False])["outcome"].to_list()
-             if o not in FIXED]
-    colors = {o: (PALETTE[i] if i < n else OTHER) for i, o in enumerate(order)}
-    # fixed colours keep their place in the ranking order
+def _outcome_colors(counts: pl.DataFrame) -> dict[str, str]:
+    """The taxonomy's colour of each outcome in `counts` (largest first); an outcome outside it: OTHER."""
     ranked = counts.sort(["jobs", "outcome"], descending=[True, False])["outcome"].to_list()
-    return {o: FIXED.get(o, colors.get(o, OTHER)) for o in ranked}
+    return {o: OUTCOME_COLORS.get(o, OTHER) for o in ranked}
 
 
 def _chip(outcome: str | None, colors: dict[str, str]) -> str:
@@ -315,6 +311,35 @@ def _days(dates: list[date]) -> list[date]:
     return [lo + timedelta(days=i) for i in range((hi - lo).days + 1)]
 
 
+def _actions_section(act: pl.DataFrame, rate: dict | None, colors: dict[str, str], max_rows: int) -> str:
+    """The drain/reset list: what an operator does now, strongest action first."""
+    note = ""
+    if rate:
+        note = (f"{rate['failed']:,} of {rate['jobs']:,} job attempts failed ({rate['rate']:.1%}), "
+                f"{_hours(rate['gpu_hours_failed'])} of {_hours(rate['gpu_hours'])} GPU-hours "
+                f"({rate['gpu_hours_share']:.0%}). ")
+    note += ("Nodes that confident verdicts say to drain or reset; <b>state</b> comes from the node events "
+             "since the node was first blamed.")
+    if act.height == 0:
+        return _section("Drain / reset list", note, '<p class="empty">no node to drain or reset</p>', "actions")
+    trs = []
+    for r in act.head(max_rows).iter_rows(named=True):
+        chips = "".join(_chip(o, colors) for o in r["outcomes"])
+        counts = ", ".join(f"{a.replace('_', ' ')} ×{r[a]}" for a in trends.NODE_ACTIONS if r[a])
+        state = r["state"] + (f" (drained {_ts(r['drained_at'])})" if r["drained_at"] is not None else "")
+        cls = "warn" if r["state"] in ("not drained", "back in service") else ""
+        trs.append(f'<tr><td class="nw"><code>{_e(r["node"])}</code><br><span class="pill">{_e(r["cluster"])}</span></td>'
+                   f'<td class="nw"><b>{_e(r["action"].replace("_", " "))}</b><br><span class="note">{_e(counts)}</span></td>'
+                   f'<td>{chips}<div>{_e(_clip(r["why"]))}</div>{_ev(r["evidence"])}</td>'
+                   f'<td class="n">{r["jobs"]}</td><td class="nw when">{_e(_ts(r["first_seen"]))}<br>'
+                   f'{_e(_ts(r["last_seen"]))}</td><td class="{cls}">{_e(state)}</td></tr>')
+    more = f'<p class="more">and {act.height - max_rows} more</p>' if act.height > max_rows else ""
+    table = ('<table><thead><tr><th>node</th><th>action</th><th>why, and the line that blames the node</th>'
+             '<th class="n">jobs</th><th>first / last seen</th><th>state</th></tr></thead><tbody>'
+             + "".join(trs) + "</tbody></table>" + more)
+    return _section("Drain / reset list", note, table, "actions")
+
+
 def _section(title: str, note: str, body: str, sid: str) -> str:
     n = f'<p class="note">{note}</p>' if note else ""
     return f'<section id="{sid}"><h2>{_e(title)}</h2>{n}{body}</section>'
@@ -326,7 +351,7 @@ def render_report(diagnoses: pl.DataFrame, *, outcome_day: pl.DataFrame | None =
                   lemons: pl.DataFrame | None = None,
                   title: str = "faultline — fleet failure report", generated_at: datetime | str | None = None,
                   lemon_window_days: float = 7, lemon_k: int = 3, top_nodes: int = 15,
-                  max_rows: int = 50) -> str:
+                  max_rows: int = 50, actions: pl.DataFrame | None = None, rate: dict | None = None) -> str:
     """One self-contained HTML page. Trend frames not given are computed from `diagnoses`
     (a TABLES["diagnoses"] frame; reduced to one verdict per job attempt with `trends.current`).
     Output depends only on the arguments: `generated_at` defaults to the newest `diagnosed_at`."""
@@ -345,6 +370,7 @@ def render_report(diagnoses: pl.DataFrame, *, outcome_day: pl.DataFrame | None =
     parts = [f'<header><h1>{_e(title)}</h1><div class="meta">generated {_e(gen)}{span} · clusters: '
              f'{_e(", ".join(clusters) or "—")}</div></header><main>']
     parts.append(_headline(head, by_outcome, lem))
+    parts.append(_actions_section(actions if actions is not None else trends.actions(d), rate, colors, max_rows))
     parts.append(_outcomes_section(by_outcome, colors))
     parts.append(_timeline_section(od, colors))
     parts.append(_culprits_section(d, lem, colors, top_nodes, lemon_k, lemon_window_days, max_rows))
@@ -575,9 +601,10 @@ def _md(x) -> str:
 def render_markdown(diagnoses: pl.DataFrame, *, lemons: pl.DataFrame | None = None,
                     report_path: str | os.PathLike | None = None, title: str = "faultline fleet report",
                     generated_at: datetime | str | None = None, lemon_window_days: float = 7,
-                    lemon_k: int = 3, top: int = 5) -> str:
-    """A short markdown summary (Prefect artifact): headline, top outcomes, lemons, ambiguous count,
-    and where the HTML report is."""
+                    lemon_k: int = 3, top: int = 5, actions: pl.DataFrame | None = None,
+                    rate: dict | None = None) -> str:
+    """A short markdown summary (Prefect artifact): headline, the drain/reset list, top outcomes, lemons,
+    ambiguous count, and where the HTML report is."""
     d = trends.current(diagnoses)
     head = trends.headline(d)
     lem = lemons if lemons is not None else trends.lemons(d, lemon_window_days, lemon_k)
@@ -587,6 +614,23 @@ def render_markdown(diagnoses: pl.DataFrame, *, lemons: pl.DataFrame | None = No
            f"Generated {_md(gen)}: **{head['jobs']}** jobs diagnosed, **{head['failed']}** failed, "
            f"**{_hours(head['gpu_hours_lost'])}** GPU-hours lost, **{head['ambiguous']}** ambiguous "
            f"verdict(s) awaiting review.", ""]
+    if rate:
+        out += [f"{rate['failed']:,} of {rate['jobs']:,} job attempts failed ({rate['rate']:.1%}); "
+                f"{_hours(rate['gpu_hours_failed'])} of {_hours(rate['gpu_hours'])} GPU-hours "
+                f"({rate['gpu_hours_share']:.0%}).", ""]
+    act = actions if actions is not None else trends.actions(d)
+    out += ["## Drain / reset list", ""]
+    if act.height:
+        out += ["| node | cluster | action | why | jobs | first seen | last seen | state |",
+                "|---|---|---|---|---:|---|---|---|"]
+        for r in act.head(top * 4).iter_rows(named=True):
+            out.append(f"| {_md(r['node'])} | {_md(r['cluster'])} | {_md(r['action'])} | {_md(_clip(r['why'], 90))} | "
+                       f"{r['jobs']} | {_md(_ts(r['first_seen']))} | {_md(_ts(r['last_seen']))} | {_md(r['state'])} |")
+        if act.height > top * 4:
+            out.append(f"\nand {act.height - top * 4} more")
+    else:
+        out.append("none")
+    out.append("")
     if bo.height:
         out += ["## Top outcomes", "", "| outcome | jobs | GPU-hours lost | share |", "|---|---:|---:|---:|"]
         out += [f"| {_md(r['outcome'])} | {r['jobs']} | {_hours(r['gpu_hours_lost'])} | {r['share']:.0%} |"

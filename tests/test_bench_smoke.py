@@ -10,9 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.skipif(shutil.which("rg") is None,
+                    reason="ripgrep not installed (Debian: apt-get install -y ripgrep): the benchmark's baseline")
 def test_bench_smoke(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--scenarios", "smoke", "--repeat", "1",

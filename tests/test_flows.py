@@ -41,11 +41,13 @@ def test_collect_diagnose_report_through_prefect(tmp_path, harness):
     from faultline.warehouse.store import Warehouse
 
     data = str(make_fleet(tmp_path))
-    for _ in range(2):  # a re-run of the same window changes nothing
-        collected = flows.collect(data_dir=data, start=START, end=END)
-        diagnosed = flows.diagnose(data_dir=data, start=START, end=END)
+    collected = flows.collect(data_dir=data, start=START, end=END)
+    diagnosed = flows.diagnose(data_dir=data)
     assert collected[0]["jobs"] == 4 and collected[0]["failed"] == 3
     assert diagnosed[0]["diagnosed"] == 3
+    # a re-run of the same window finds nothing new, and diagnose nothing pending
+    assert flows.collect(data_dir=data, start=START, end=END)[0]["jobs"] == 0
+    assert flows.diagnose(data_dir=data)[0]["diagnosed"] == 0
     wh = Warehouse(tmp_path / "data" / "warehouse")
     assert wh.sql("SELECT count(*) n FROM diagnoses_all")["n"][0] == 3
     html_path = flows.report(data_dir=data, day=END.date(), days=2)
@@ -120,7 +122,7 @@ def test_backtest_lists_the_verdicts_a_candidate_ruleset_would_change(tmp_path, 
 
     data = str(make_fleet(tmp_path))
     flows.collect(data_dir=data, start=START, end=END)
-    flows.diagnose(data_dir=data, start=START, end=END)
+    flows.diagnose(data_dir=data)
     candidate = tmp_path / "candidate" / "site"
     candidate.mkdir(parents=True)
     (candidate / "override.yaml").write_text(CANDIDATE)
@@ -129,3 +131,23 @@ def test_backtest_lists_the_verdicts_a_candidate_ruleset_would_change(tmp_path, 
         ("1004", "config_error", "user_code_error")]
     versions = Warehouse(tmp_path / "data" / "warehouse").sql("SELECT DISTINCT ruleset FROM diagnoses")["ruleset"]
     assert versions.len() == 2  # both verdicts sit side by side
+
+
+def test_settings_of_the_deployments_fail_clearly_when_missing(tmp_path, monkeypatch):
+    from faultline.flows.env import DATA_ENV, data_dir_of
+    from faultline.flows.steps import ENV, project_dir, set_project_dir
+
+    monkeypatch.delenv(DATA_ENV, raising=False)
+    with pytest.raises(ValueError, match="pass the flow's data_dir parameter or set FAULTLINE_DATA_DIR"):
+        data_dir_of(None)
+    monkeypatch.setenv(DATA_ENV, str(tmp_path))
+    with pytest.raises(ValueError, match="has no faultline.yaml: run `faultline demo`"):
+        data_dir_of(None)
+    data = make_fleet(tmp_path)
+    monkeypatch.setenv(DATA_ENV, str(data))
+    assert data_dir_of(None) == str(data)
+    monkeypatch.setenv(ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="is not a faultline checkout"):
+        set_project_dir()
+    monkeypatch.delenv(ENV)
+    assert (project_dir() / "prefect.yaml").is_file()  # the checkout faultline is installed from

@@ -327,3 +327,30 @@ def test_synthetic_fleet_lemons():
     lem = trends.lemons(d, window_days=14, k=3)
     assert {"alpha-gpu017", "beta-gpu042"} <= set(lem["node"])
     assert trends.outcome_day(d)["jobs"].sum() == d.height
+
+
+def test_the_drain_reset_list_names_node_action_why_evidence_and_state():
+    import datetime as _dt
+    import json as _json
+
+    from faultline import trends as _t
+
+    utc = _dt.timezone.utc
+    t = lambda h: _dt.datetime(2025, 3, 3, h, tzinfo=utc)  # noqa: E731
+    ev = lambda node: _json.dumps([{"rule_id": "nvidia.xid79", "role": "root", "node": node, "line": f"{node} kernel: NVRM: Xid 79"}])  # noqa: E731
+    d = pl.DataFrame({
+        "cluster": ["a"] * 4, "job_id": ["1", "2", "3", "4"], "attempt": [0] * 4,
+        "outcome": ["gpu_hardware", "gpu_hardware", "gpu_hardware", "user_code_error"],
+        "root_cause": ["Xid 48", "Xid 79 on GPU 3", "Xid 79", "traceback"], "ambiguous": [False, False, False, False],
+        "action": ["reset_gpu", "drain_node", "drain_node", "fix_and_resubmit"],
+        "action_targets": [["n1"], ["n1"], ["n2"], []], "evidence": [ev("n1"), ev("n1"), ev("n2"), "[]"],
+        "end_time": [t(1), t(5), t(6), t(7)], "diagnosed_at": [t(8)] * 4})
+    events = pl.DataFrame({"cluster": ["a", "a"], "node": ["n2", "n2"], "ts": [t(6), t(7)],
+                           "kind": ["drain", "resume"], "reason": ["xid", "repaired"]})
+    act = _t.actions(d, pl.DataFrame({"cluster": ["a"], "node": ["n1"], "ts": [t(0)], "kind": ["drain"], "reason": ["old"]}))
+    r = act.row(0, named=True)
+    assert (r["node"], r["action"], r["jobs"], r["drain_node"], r["reset_gpu"]) == ("n1", "drain_node", 2, 1, 1)
+    assert r["why"] == "Xid 79 on GPU 3" and r["evidence"] == "n1 kernel: NVRM: Xid 79"
+    assert (r["first_seen"], r["last_seen"], r["state"]) == (t(1), t(5), "not drained")  # its drain was before
+    assert _t.actions(d, events).filter(pl.col("node") == "n2")["state"].to_list() == ["back in service"]
+    assert _t.actions(d)["state"].to_list() == ["no node events"] * 2

@@ -17,6 +17,7 @@ from faultline.taxonomy import FAILED_STATES, SOURCES
 from faultline.warehouse.schema import JOB_KEY, TABLES
 
 LOG_SOURCES = ("applog", "syslog")
+REQUEUE_DAYS = 1  # how far back a requeued job's earlier attempts are looked for
 
 
 @dataclass
@@ -37,16 +38,37 @@ def days_between(start: datetime, end: datetime) -> list[str]:
 
 
 def scheduler_jobs(cluster: ClusterConfig, start: datetime, end: datetime) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Job attempts that ended in [start, end), with their allocations."""
+    """Job attempts that ended in [start, end), with their allocations. The scheduler is asked from a day
+    earlier: a requeued job's attempts are numbered by the rows sacct prints for its id, so its earlier
+    attempt must be among them (else attempt 1 would read as attempt 0, a second row for one key)."""
     kind = cluster.scheduler["kind"]
+    since = start - timedelta(days=REQUEUE_DAYS)
     if kind == "sacct_files":
-        text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(start, end))
+        text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(since, end))
     else:
-        text = slurm.run_sacct(start, end, cluster.scheduler.get("command", "sacct"))
+        text = slurm.run_sacct(since, end, cluster.scheduler.get("command", "sacct"))
     jobs, allocs = slurm.parse_sacct(text, cluster.name)
     jobs = jobs.filter((pl.col("end_time") >= start) & (pl.col("end_time") < end))
     allocs = allocs.join(jobs.select(JOB_KEY), on=JOB_KEY, how="semi")
     return jobs, allocs
+
+
+def node_events(cluster: ClusterConfig, start: datetime, end: datetime) -> pl.DataFrame:
+    """Node events (drain, node_fail, not_ready, resume) of [start, end) from the saved exports,
+    `<path>/<cluster>/node_events/<day>.jsonl` lines {"node", "ts", "kind", "reason"}."""
+    schema = {"cluster": pl.String, "node": pl.String, "ts": pl.Datetime("us", "UTC"), "kind": pl.String,
+              "reason": pl.String}
+    if cluster.node_events is None:
+        return pl.DataFrame(schema=schema)
+    root = Path(cluster.node_events["path"]) / cluster.name / "node_events"
+    parts = [pl.read_ndjson(root / f"{d}.jsonl", schema={"node": pl.String, "ts": pl.String, "kind": pl.String,
+                                                           "reason": pl.String})
+             for d in days_between(start, end) if (root / f"{d}.jsonl").is_file()]
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    ev = pl.concat(parts).with_columns(cluster=pl.lit(cluster.name), ts=pl.col("ts").str.to_datetime(
+        time_unit="us", time_zone="UTC", strict=False))
+    return ev.filter((pl.col("ts") >= start) & (pl.col("ts") < end)).select(list(schema))
 
 
 def fetch_logs(cluster: ClusterConfig, failed: pl.DataFrame,
@@ -108,11 +130,31 @@ def coverage_rows(cluster: ClusterConfig, failed: pl.DataFrame, logs: pl.DataFra
     return grid.select(*JOB_KEY, "source", status=status, rows=pl.col("rows").cast(pl.Int64), reason=reason)
 
 
-def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, margin_minutes: float = 15) -> Collected:
-    """Everything one cluster says about the jobs that ended in [start, end). A source that fails is
-    recorded (coverage error) and the others still land; so does a job whose logs failed alone."""
+# What the scheduler says of a job that, changed, makes it a new input (re-collected, re-diagnosed).
+RECHECK = ("state", "raw_state", "exit_code", "signal", "start_time", "end_time", "nodes")
+
+
+def new_or_changed(jobs: pl.DataFrame, known: pl.DataFrame | None) -> pl.DataFrame:
+    """The attempts of `jobs` that `known` (committed jobs rows) lacks, or holds with another
+    scheduler row (state, exit code, times, nodes): one join, no loop."""
+    if known is None or known.height == 0 or jobs.height == 0:
+        return jobs
+    old = known.select(*JOB_KEY, *[pl.col(c).alias(f"{c}__old") for c in RECHECK], _known=pl.lit(True))
+    both = jobs.join(old.unique(JOB_KEY, keep="last"), on=JOB_KEY, how="left", maintain_order="left")
+    same = pl.all_horizontal([pl.col(c).eq_missing(pl.col(f"{c}__old")) for c in RECHECK])
+    return both.filter(~(pl.col("_known").fill_null(False) & same)).select(jobs.columns)
+
+
+def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, margin_minutes: float = 15,
+                    known: pl.DataFrame | None = None) -> Collected:
+    """Everything one cluster says about the jobs that ended in [start, end) (and, given `known`, the
+    committed jobs rows, only the new or changed ones). A source that fails is recorded (coverage
+    error) and the others still land; so does a job whose logs failed alone."""
     errors: dict[str, str] = {}
     jobs, allocs = scheduler_jobs(cluster, start, end)
+    if known is not None:
+        jobs = new_or_changed(jobs, known)
+        allocs = allocs.join(jobs.select(JOB_KEY), on=JOB_KEY, how="semi")
     failed = jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
     try:
         raw, notes = fetch_logs(cluster, failed, margin_minutes)

@@ -3,11 +3,17 @@
 ```yaml
 # <data dir>/faultline.yaml
 margin_minutes: 15            # logs are pulled from this long before a job's start
+scheduler_lag_minutes: 15     # collect re-reads this long before its cursor: jobs reach sacct/the API late
+initial_lookback_minutes: 60  # a cluster's first collect (no cursor yet) reads this far back; older: backfill
+logs_retry_minutes: 60        # a job whose logs failed is held back (not committed) and retried by later
+                              # collects until this long after its end; then committed with the error
+diagnose_horizon_days: 30     # diagnose looks for undiagnosed jobs in batches committed this recently
 clusters:
   - name: alpha
     scheduler: {kind: sacct_files, path: /sim}     # or {kind: sacct} to run sacct on this host
     logs: {kind: loki_files, path: /sim}           # saved Loki query_range responses, one per line
     metrics: {kind: parquet_files, path: /sim}     # optional
+    node_events: {kind: jsonl_files, path: /sim}   # optional: <path>/<cluster>/node_events/<day>.jsonl
   - name: bravo
     scheduler: {kind: sacct}
     logs:                                          # a live Loki, asked job by job (docs/fleet.md "Live Loki")
@@ -43,6 +49,7 @@ from faultline.collectors.loki import LokiSettings
 SCHEDULER_KINDS = ("sacct_files", "sacct")
 LOG_KINDS = ("loki_files", "loki")
 METRIC_KINDS = ("parquet_files",)
+NODE_EVENT_KINDS = ("jsonl_files",)
 
 
 class ConfigError(ValueError):
@@ -55,6 +62,7 @@ class ClusterConfig:
     scheduler: dict
     logs: dict | None = None
     metrics: dict | None = None
+    node_events: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,10 @@ class FleetConfig:
     data_dir: Path
     clusters: tuple[ClusterConfig, ...] = ()
     margin_minutes: int = 15
+    scheduler_lag_minutes: float = 15
+    initial_lookback_minutes: float = 60
+    logs_retry_minutes: float = 60
+    diagnose_horizon_days: float = 30
     max_drain: int = 2
     extra_rules: tuple[str, ...] = field(default_factory=tuple)
 
@@ -105,11 +117,21 @@ def load_config(data_dir: Path, path: Path | None = None) -> FleetConfig:
         _check("scheduler", c.get("scheduler"), SCHEDULER_KINDS, where, True)
         _check("logs", c.get("logs"), LOG_KINDS, where, False)
         _check("metrics", c.get("metrics"), METRIC_KINDS, where, False)
-        clusters.append(ClusterConfig(c["name"], c["scheduler"], c.get("logs"), c.get("metrics")))
+        _check("node_events", c.get("node_events"), NODE_EVENT_KINDS, where, False)
+        clusters.append(ClusterConfig(c["name"], c["scheduler"], c.get("logs"), c.get("metrics"), c.get("node_events")))
     if not clusters:
         raise ConfigError(f"{path}: no clusters configured")
+    numbers = {}
+    for key in ("scheduler_lag_minutes", "initial_lookback_minutes", "logs_retry_minutes", "diagnose_horizon_days"):
+        if key in raw:
+            try:
+                numbers[key] = float(raw[key])
+            except (TypeError, ValueError):
+                raise ConfigError(f"{path}: {key} must be a number, not {raw[key]!r}") from None
+            if numbers[key] < 0:
+                raise ConfigError(f"{path}: {key} must be >= 0")
     return FleetConfig(data_dir=data_dir, clusters=tuple(clusters), margin_minutes=int(raw.get("margin_minutes", 15)),
-                       max_drain=int(raw.get("max_drain", 2)), extra_rules=tuple(raw.get("rules") or ()))
+                       max_drain=int(raw.get("max_drain", 2)), extra_rules=tuple(raw.get("rules") or ()), **numbers)
 
 
 def write_config(data_dir: Path, clusters: list[dict], **extra) -> Path:

@@ -55,13 +55,16 @@ def diagnoses_frame(result: Result, jobs: pl.DataFrame, ruleset_version: str) ->
         "diagnosis": json.dumps(d, sort_keys=True),
     } for d in result.diagnoses]
     schema = {k: v for k, v in TABLES["diagnoses"].items()
-              if k not in ("queue", "end_time", "num_nodes", "num_gpus", "gpu_hours", "diagnosed_at")}
+              if k not in ("queue", "end_time", "num_nodes", "num_gpus", "gpu_hours", "diagnosed_at", "inputs")}
     frame = pl.DataFrame(rows, schema={**schema, "diagnosed_at": pl.String})
     frame = frame.with_columns(diagnosed_at=pl.col("diagnosed_at").str.to_datetime(
         "%Y-%m-%dT%H:%M:%SZ", time_unit="us", strict=False).dt.replace_time_zone("UTC"))
+    # inputs: the batch of the jobs row diagnosed (its logs and coverage came with it), when known
+    inputs = pl.col("_batch") if "_batch" in jobs.columns else pl.lit(None, pl.String)
     info = jobs.select(*JOB_KEY, "queue", "end_time", "num_nodes", "num_gpus",
                        gpu_hours=(pl.col("num_gpus").cast(pl.Float64)
-                                  * (pl.col("end_time") - pl.col("start_time")).dt.total_seconds() / 3600))
+                                  * (pl.col("end_time") - pl.col("start_time")).dt.total_seconds() / 3600),
+                       inputs=inputs)
     return frame.join(info, on=JOB_KEY, how="left").select(list(TABLES["diagnoses"]))
 
 

@@ -20,6 +20,7 @@ class ReportOut:
     html_path: Path
     markdown: str
     jobs: int
+    actions: pl.DataFrame | None = None
 
 
 def build_report(cfg: FleetConfig, start: date, end: date, ruleset: str | None = None, lemon_k: int = 3) -> ReportOut:
@@ -31,6 +32,10 @@ def build_report(cfg: FleetConfig, start: date, end: date, ruleset: str | None =
     outcome_day = trends.outcome_day(diagnoses)
     days = (end - start).days + 1
     lemons = trends.lemons(diagnoses, days, lemon_k)
+    events = wh.read_window("node_events", start, None)
+    actions = trends.actions(diagnoses, events)
+    jobs = wh.read_window("jobs", start, end)
+    rate = trends.failure_rate(jobs, diagnoses)
     batch = f"report-{start.isoformat()}-{end.isoformat()}"
     if node_day.height:
         wh.write("trends_node_day", node_day, batch)
@@ -38,8 +43,9 @@ def build_report(cfg: FleetConfig, start: date, end: date, ruleset: str | None =
         wh.write("trends_outcome_day", outcome_day, batch)
     generated = datetime.now(timezone.utc)
     html = report_html.render_report(diagnoses, outcome_day=outcome_day, lemons=lemons,
-                                     generated_at=generated, lemon_window_days=days, lemon_k=lemon_k)
+                                     generated_at=generated, lemon_window_days=days, lemon_k=lemon_k,
+                                     actions=actions, rate=rate)
     path = report_html.write_report(cfg.reports_dir / f"faultline-report-{end.isoformat()}.html", html)
     markdown = report_html.render_markdown(diagnoses, lemons=lemons, report_path=path, generated_at=generated,
-                                           lemon_window_days=days, lemon_k=lemon_k)
-    return ReportOut(start, end, path, markdown, diagnoses.height)
+                                           lemon_window_days=days, lemon_k=lemon_k, actions=actions, rate=rate)
+    return ReportOut(start, end, path, markdown, diagnoses.height, actions)

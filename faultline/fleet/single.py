@@ -12,7 +12,9 @@ from faultline.collectors import slurm
 from faultline.fleet.collect import coverage_rows, fetch_logs, parse_logs, with_job_date
 from faultline.fleet.config import ClusterConfig, FleetConfig
 from faultline.fleet.diagnose import diagnose_tables
+from faultline.fleet.watermark import SOURCE, unique_batch
 from faultline.rules.model import Ruleset
+from faultline.taxonomy import FAILED_STATES
 from faultline.warehouse.schema import JOB_KEY
 from faultline.warehouse.store import Warehouse
 
@@ -62,16 +64,23 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
         raw, notes = fetch_logs(cluster, jobs.clear())
     logs = parse_logs(raw)
     coverage = coverage_rows(cluster, jobs, logs, errors, notes)
-    diagnoses, symptoms = diagnose_tables(jobs, logs, coverage, ruleset, cfg.max_drain)
     wh = Warehouse(cfg.warehouse_dir)
-    batch = f"job-{cluster_name}-{job_id}"
+    batch = unique_batch("job", cluster_name, job_id)
+    diagnoses, symptoms = diagnose_tables(jobs.with_columns(_batch=pl.lit(batch)), logs, coverage, ruleset,
+                                          cfg.max_drain)
     dated = lambda f: with_job_date(f, jobs)  # noqa: E731
-    wh.write("jobs", jobs.with_columns(date=pl.col("end_time").dt.date()), batch)
-    wh.write("allocations", dated(allocs), batch)
-    wh.write("logs", dated(logs), batch)
-    wh.write("coverage", dated(coverage), batch)
-    wh.write("diagnoses", dated(diagnoses), f"{batch}-{ruleset.version}")
-    wh.write("symptoms", dated(symptoms), f"{batch}-{ruleset.version}")
+    failed = int(jobs.filter(pl.col("state").is_in(list(FAILED_STATES))).height)
+    # one transaction: the job's rows and its verdict appear together; the commit covers itself, so the
+    # scheduled diagnose does not diagnose the job again (and collect finds it already known)
+    with wh.transaction(batch, [cluster_name], "job", source=SOURCE, ruleset=ruleset.version, covers=[batch],
+                        jobs=jobs.height, failed=failed,
+                        dates=sorted(set(jobs["end_time"].dt.date().to_list()))) as tx:
+        tx.write("jobs", jobs.with_columns(date=pl.col("end_time").dt.date()))
+        tx.write("allocations", dated(allocs))
+        tx.write("logs", dated(logs))
+        tx.write("coverage", dated(coverage))
+        tx.write("diagnoses", dated(diagnoses))
+        tx.write("symptoms", dated(symptoms))
     if diagnoses.height == 0:  # the job did not fail: say so rather than invent a verdict
         return {"cluster": cluster_name, "job_id": job_id, "outcome": "healthy", "confidence": "high",
                 "root_cause": f"job state {jobs['state'][0]}: not a failure", "ruleset": {"version": ruleset.version}}

@@ -19,3 +19,20 @@ def configure_prefect(data_dir: Path | str) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_UI_ENABLED", "false")
+
+
+DATA_ENV = "FAULTLINE_DATA_DIR"
+
+
+def data_dir_of(data_dir: str | None) -> str:
+    """The fleet data dir of a flow run: its `data_dir` parameter, else the worker's FAULTLINE_DATA_DIR.
+    Neither, or a folder without a faultline.yaml, is a clear error naming both settings."""
+    chosen = data_dir or os.environ.get(DATA_ENV)
+    if not chosen:
+        raise ValueError(f"faultline: no data dir: pass the flow's data_dir parameter or set {DATA_ENV} in the "
+                         "worker's environment (e.g. ./data after `faultline demo`)")
+    if not (Path(chosen) / "faultline.yaml").is_file():
+        source = "data_dir parameter" if data_dir else DATA_ENV
+        raise ValueError(f"faultline: {chosen} (the {source}) has no faultline.yaml: run `faultline demo` "
+                         "(it writes ./data) or write one (docs/fleet.md)")
+    return str(chosen)

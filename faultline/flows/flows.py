@@ -1,7 +1,8 @@
 """The flows of DESIGN.md, thin: collect -> load -> evaluate -> write back.
 
-collect       jobs that ended in a window, their logs and coverage, per cluster x day partition
-diagnose      every failed job of a window at once, per cluster x day partition
+collect       per cluster, from its cursor to now: new job attempts, their logs and coverage (one commit)
+diagnose      per cluster, every committed failed job without a diagnosis of the current ruleset
+backfill      history: collect from a date day by day, then diagnose
 report        trend tables, one self-contained HTML report, a Prefect markdown artifact
 diagnose_job  one job, on a `faultline.job.failed` event, the API or the CLI
 backtest      a candidate ruleset over a past window: which verdicts would change
@@ -19,6 +20,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from faultline.flows import tasks
+from faultline.flows.env import data_dir_of
 from faultline.fleet.config import load_config
 
 
@@ -35,39 +37,66 @@ def _utc(t: datetime | str | None, default: datetime) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def _window(start, end, minutes: int = 10) -> tuple[datetime, datetime]:
+def _window(start, end, minutes: int = 24 * 60) -> tuple[datetime, datetime]:
     now = datetime.now(timezone.utc).replace(second=0, microsecond=0)
     end_t = _utc(end, now)
     return _utc(start, end_t - timedelta(minutes=minutes)), end_t
 
 
 @flow(name="collect", log_prints=True, task_runner=_partition_runner())
-def collect(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None) -> list[dict]:
-    """Pull jobs that ended in [start, end) (default: the last 10 minutes) and their telemetry."""
-    s, e = _window(start, end)
+def collect(data_dir: str | None = None, start: datetime | None = None, end: datetime | None = None,
+            now: datetime | None = None) -> list[dict]:
+    """Each cluster from its cursor (less the scheduler's lag allowance) to now: a missed or failed run is
+    caught up by the next, a re-run writes nothing. With `start` (and `end`, default now): that window."""
+    data_dir = data_dir_of(data_dir)
     cfg = load_config(Path(data_dir))
-    parts = [(c.name, a, b) for c in cfg.clusters for a, b in tasks.partitions(s, e)]
-    futures = tasks.collect_partition.map([data_dir] * len(parts), [p[0] for p in parts],
-                                          [p[1] for p in parts], [p[2] for p in parts])
-    return [f.result() for f in futures]
+    names = [c.name for c in cfg.clusters]
+    if start is None:
+        futures = tasks.collect_cluster.map([data_dir] * len(names), names, [now] * len(names))
+    else:
+        s, e = _utc(start, None), _utc(end, now or datetime.now(timezone.utc))
+        futures = tasks.collect_partition.map([data_dir] * len(names), names, [s] * len(names), [e] * len(names),
+                                              [now] * len(names))
+    out = [f.result() for f in futures]
+    for r in out:
+        print(f"collect {r['cluster']}: {r['jobs']} new job attempt(s), {r['failed']} failed, {r['held']} held back "
+              f"(logs failed), read {r['start']} .. {r['end']}, cursor {r['cursor']}")
+    return out
 
 
 @flow(name="diagnose", log_prints=True, task_runner=_partition_runner())
-def diagnose(data_dir: str = "data", start: datetime | None = None, end: datetime | None = None,
-             rules: list[str] | None = None) -> list[dict]:
-    """Diagnose every failed job that ended in [start, end) (default: the last 10 minutes)."""
-    s, e = _window(start, end)
+def diagnose(data_dir: str | None = None, rules: list[str] | None = None, now: datetime | None = None) -> list[dict]:
+    """Every collected failed job, fleet-wide, without a diagnosis of the current ruleset (or whose inputs
+    changed): no window, so a late, missed or killed run loses nothing."""
+    data_dir = data_dir_of(data_dir)
     cfg = load_config(Path(data_dir))
-    parts = [(c.name, a, b) for c in cfg.clusters for a, b in tasks.partitions(s, e)]
-    futures = tasks.diagnose_partition.map([data_dir] * len(parts), [p[0] for p in parts],
-                                           [p[1] for p in parts], [p[2] for p in parts],
-                                           [rules] * len(parts))
-    return [f.result() for f in futures]
+    names = [c.name for c in cfg.clusters]
+    futures = tasks.diagnose_pending.map([data_dir] * len(names), names, [rules] * len(names), [now] * len(names))
+    out = [f.result() for f in futures]
+    for r in out:
+        print(f"diagnose {r['cluster']}: {r['diagnosed']} job(s) with ruleset {r['ruleset']}")
+    return out
+
+
+@flow(name="backfill", log_prints=True)
+def backfill(since: datetime, data_dir: str | None = None, until: datetime | None = None) -> list[dict]:
+    """History from `since`: collect day by day (each day committed, the cursor moved along when contiguous),
+    then diagnose what is pending. Re-running it is a no-op."""
+    data_dir = data_dir_of(data_dir)
+    from faultline.fleet.watermark import backfill as run
+
+    cfg = load_config(Path(data_dir))
+    out = run(cfg, _utc(since, None), tasks.ruleset_for(data_dir), until=_utc(until, None) if until else None)
+    for r in out:
+        print(f"backfill {r['cluster']}: {r['jobs']} job attempt(s), {r['failed']} failed, "
+              f"{r['diagnosed']} diagnosed, cursor {r['cursor']}")
+    return out
 
 
 @flow(name="report", log_prints=True)
-def report(data_dir: str = "data", day: date | None = None, days: int = 7, lemon_k: int = 3) -> str:
+def report(data_dir: str | None = None, day: date | None = None, days: int = 7, lemon_k: int = 3) -> str:
     """Trend tables and the HTML report over the `days` up to `day` (default: yesterday and before)."""
+    data_dir = data_dir_of(data_dir)
     from faultline.fleet.reporting import build_report
 
     end_day = day or (datetime.now(timezone.utc).date() - timedelta(days=1))
@@ -76,13 +105,20 @@ def report(data_dir: str = "data", day: date | None = None, days: int = 7, lemon
     out = build_report(cfg, end_day - timedelta(days=days - 1), end_day, ruleset.version, lemon_k)
     create_markdown_artifact(key="faultline-report", markdown=out.markdown,
                              description=f"faultline fleet report {out.start} .. {out.end}")
+    rows = [{"node": r["node"], "cluster": r["cluster"], "action": r["action"], "why": (r["why"] or "")[:160],
+             "jobs": r["jobs"], "first_seen": str(r["first_seen"]), "last_seen": str(r["last_seen"]),
+             "state": r["state"], "evidence": (r["evidence"] or "")[:200]}
+            for r in (out.actions.head(100).iter_rows(named=True) if out.actions is not None else [])]
+    create_table_artifact(key="faultline-actions", table=rows or [{"node": "none to drain or reset"}],
+                          description=f"drain/reset list {out.start} .. {out.end}")
     get_run_logger().info("report written to %s", out.html_path)
     return str(out.html_path)
 
 
 @flow(name="diagnose_job", log_prints=True)
-def diagnose_job(cluster: str, job_id: str, data_dir: str = "data") -> dict:
+def diagnose_job(cluster: str, job_id: str, data_dir: str | None = None) -> dict:
     """One job (triggered by a `faultline.job.failed` event): collect it and diagnose it."""
+    data_dir = data_dir_of(data_dir)
     from faultline.fleet.single import diagnose_one
 
     cfg = load_config(Path(data_dir))
@@ -93,10 +129,11 @@ def diagnose_job(cluster: str, job_id: str, data_dir: str = "data") -> dict:
 
 
 @flow(name="backtest", log_prints=True, task_runner=_partition_runner())
-def backtest(candidate_rules: list[str], data_dir: str = "data", start: datetime | None = None,
+def backtest(candidate_rules: list[str], data_dir: str | None = None, start: datetime | None = None,
              end: datetime | None = None, builtin: bool = True) -> list[dict]:
     """Re-run a candidate ruleset over [start, end) and list the jobs whose verdict would change."""
-    s, e = _window(start, end, minutes=24 * 60)
+    data_dir = data_dir_of(data_dir)
+    s, e = _window(start, end)
     baseline = tasks.ruleset_for(data_dir)
     candidate = tasks.ruleset_for(data_dir, candidate_rules, builtin)
     cfg = load_config(Path(data_dir))

@@ -1,83 +1,68 @@
-"""Prefect tasks: each reads and writes the warehouse for one partition (cluster x window or day).
-
-Tasks take and return small values (names, times, counts); the data stays in the warehouse.
+"""Prefect tasks: each reads and writes the warehouse for one cluster (collect, diagnose) or one cluster x
+day window (backtest). Tasks take and return small values (names, times, counts); the data stays in the
+warehouse. The watermark logic lives in `faultline.fleet.watermark`.
 """
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime
+from functools import lru_cache
 from pathlib import Path
 
 import polars as pl
 from prefect import task
 
-from faultline.fleet.collect import collect_cluster, with_job_date
+from faultline.fleet import watermark
 from faultline.fleet.config import load_config
-from faultline.fleet.diagnose import diagnose_tables, verdict_changes
+from faultline.fleet.diagnose import verdict_changes
 from faultline.rules.loader import load_ruleset
-from faultline.taxonomy import FAILED_STATES
-from faultline.warehouse.schema import JOB_KEY
 from faultline.warehouse.store import Warehouse
 
+partitions = watermark.day_pieces
 
-def _stamp(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S")
+
+def _mtime(paths: tuple[str, ...]) -> float:
+    return max((p.stat().st_mtime for root in paths for p in Path(root).rglob("*") if p.is_file()), default=0.0)
+
+
+@lru_cache(maxsize=8)
+def _ruleset(paths: tuple[str, ...], builtin: bool, mtime: float):
+    return load_ruleset([Path(p) for p in paths], builtin=builtin)
 
 
 def ruleset_for(data_dir: str, rules: list[str] | None = None, builtin: bool = True):
+    """The ruleset of the fleet config (or `rules`), loaded once per process while its files stay unchanged."""
     cfg = load_config(Path(data_dir))
-    return load_ruleset([Path(p) for p in (rules if rules is not None else cfg.extra_rules)], builtin=builtin)
+    paths = tuple(str(p) for p in (rules if rules is not None else cfg.extra_rules))
+    return _ruleset(paths, builtin, _mtime(paths))
 
 
-def partitions(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
-    """[start, end) cut at UTC midnights: one piece per day partition."""
-    out, t = [], start
-    while t < end:
-        midnight = datetime.combine(t.date() + timedelta(days=1), datetime.min.time(), tzinfo=timezone.utc)
-        out.append((t, min(end, midnight)))
-        t = min(end, midnight)
-    return out
+@task(name="collect-cluster", retries=2, retry_delay_seconds=5)
+def collect_cluster(data_dir: str, cluster: str, now: datetime | None = None) -> dict:
+    """One cluster from its cursor (less the scheduler's lag) to now; nothing twice, nothing skipped."""
+    return watermark.collect(load_config(Path(data_dir)), cluster, now=now)
 
 
 @task(name="collect-partition", retries=2, retry_delay_seconds=5)
-def collect_partition(data_dir: str, cluster: str, start: datetime, end: datetime) -> dict:
-    cfg = load_config(Path(data_dir))
-    ccfg = next(c for c in cfg.clusters if c.name == cluster)
-    got = collect_cluster(ccfg, start, end, cfg.margin_minutes)
-    wh = Warehouse(cfg.warehouse_dir)
-    batch = f"collect-{cluster}-{_stamp(start)}-{_stamp(end)}"
-    jobs = got.jobs.with_columns(date=pl.col("end_time").dt.date())
-    counts = {
-        "jobs": wh.write("jobs", jobs, batch),
-        "allocations": wh.write("allocations", with_job_date(got.allocations, got.jobs), batch),
-        "logs": wh.write("logs", with_job_date(got.logs, got.jobs), batch),
-        "coverage": wh.write("coverage", with_job_date(got.coverage, got.jobs), batch),
-    }
-    failed = int(got.jobs.filter(pl.col("state").is_in(list(FAILED_STATES))).height)
-    return {"cluster": cluster, "start": start.isoformat(), "failed": failed, "errors": got.errors, **counts}
+def collect_partition(data_dir: str, cluster: str, start: datetime, end: datetime,
+                      now: datetime | None = None) -> dict:
+    """An explicit window [start, end) of one cluster (history, the demo); moves the cursor when contiguous."""
+    return watermark.collect(load_config(Path(data_dir)), cluster, now=now, start=start, end=end)
+
+
+@task(name="diagnose-pending", retries=1, retry_delay_seconds=5)
+def diagnose_pending(data_dir: str, cluster: str, rules: list[str] | None = None,
+                     now: datetime | None = None) -> dict:
+    """Every committed failed job of one cluster without a diagnosis of the current ruleset."""
+    return watermark.diagnose(load_config(Path(data_dir)), cluster, ruleset_for(data_dir, rules), now=now)
 
 
 @task(name="diagnose-partition", retries=1, retry_delay_seconds=5)
 def diagnose_partition(data_dir: str, cluster: str, start: datetime, end: datetime,
                        rules: list[str] | None = None, builtin: bool = True) -> dict:
-    """Every failed job of one cluster that ended in [start, end) (inside one UTC day)."""
+    """The committed failed jobs of one cluster that ended in [start, end) (a backtest), once per ruleset."""
     cfg = load_config(Path(data_dir))
-    ruleset = ruleset_for(data_dir, rules, builtin)
-    wh = Warehouse(cfg.warehouse_dir)
-    day = start.date()
-    jobs = wh.read_window("jobs", day, day, [cluster], where="end_time >= ? AND end_time < ?", params=[start, end])
-    failed = jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
-    if failed.height == 0:
-        return {"cluster": cluster, "day": day.isoformat(), "diagnosed": 0, "ruleset": ruleset.version}
-    logs = wh.read_window("logs", day, day, [cluster]).join(failed.select(JOB_KEY), on=JOB_KEY, how="semi")
-    coverage = wh.read_window("coverage", day, day, [cluster])
-    diagnoses, symptoms = diagnose_tables(failed, logs, coverage, ruleset, cfg.max_drain)
-    batch = f"diagnose-{ruleset.version}-{cluster}-{_stamp(start)}-{_stamp(end)}"
-    dated = lambda f: f.join(failed.select(*JOB_KEY, date=pl.col("end_time").dt.date()), on=JOB_KEY)  # noqa: E731
-    wh.write("diagnoses", dated(diagnoses), batch)
-    wh.write("symptoms", dated(symptoms), batch)
-    return {"cluster": cluster, "day": day.isoformat(), "diagnosed": diagnoses.height, "ruleset": ruleset.version,
-            "outcomes": dict(diagnoses.group_by("outcome").len().sort("outcome").iter_rows())}
+    return watermark.diagnose_window(cfg, cluster, start, end, ruleset_for(data_dir, rules, builtin))
 
 
 @task(name="load-diagnoses")

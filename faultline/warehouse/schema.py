@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: commit log (`commits`), batches of TX_TABLES visible once committed; diagnoses.inputs
 
 TS = pl.Datetime("us", "UTC")
 JOB_KEY = ["cluster", "job_id", "attempt"]
@@ -65,7 +65,14 @@ TABLES: dict[str, dict[str, pl.DataType]] = {
         "confidence_reason": pl.String, "action": pl.String, "action_targets": pl.List(pl.String),
         "candidates": pl.String, "evidence": pl.String, "coverage": pl.String,
         "queue": pl.String, "end_time": TS, "num_nodes": pl.Int32, "num_gpus": pl.Int32, "gpu_hours": pl.Float64,
-        "diagnosed_at": TS, "diagnosis": pl.String,
+        "diagnosed_at": TS, "diagnosis": pl.String, "inputs": pl.String,
+    },
+    # the commit log: one row per committed batch and cluster (the manifest, written last: rows of a batch
+    # of TX_TABLES are visible only once it is here); collect's rows carry the scheduler cursor
+    "commits": {
+        "cluster": pl.String, "batch": pl.String, "kind": pl.String, "source": pl.String, "ruleset": pl.String,
+        "read_from": TS, "read_to": TS, "cursor": TS, "jobs": pl.Int64, "failed": pl.Int64, "rows": pl.Int64,
+        "covers": pl.List(pl.String), "dates": pl.List(pl.Date), "committed_at": TS,
     },
     # per node and day
     "trends_node_day": {
@@ -89,6 +96,7 @@ KEYS: dict[str, list[str] | None] = {
     "coverage": [*JOB_KEY, "source"],
     "symptoms": [*JOB_KEY, "ruleset", "file", "seq", "rule_id"],
     "diagnoses": [*JOB_KEY, "ruleset"],
+    "commits": ["cluster", "batch"],
     "trends_node_day": ["cluster", "date", "node"],
     "trends_outcome_day": ["cluster", "date", "queue", "outcome"],
 }
@@ -96,3 +104,10 @@ KEYS: dict[str, list[str] | None] = {
 # Writers give every frame a `date` (pl.Date) column: the UTC day of the job's end for job-keyed
 # tables, of the sample/event for metrics and node events. It and `cluster` choose the partition.
 PARTITION_BY = ("cluster", "date")
+
+# Tables written in transactions: a batch's rows become visible to readers only once the batch is in
+# `commits` (jobs, logs and coverage of one collect together; diagnoses with their symptoms).
+TX_TABLES = ("jobs", "allocations", "logs", "coverage", "symptoms", "diagnoses")
+
+# Columns added after a table's first release: a frame without them is written with nulls.
+OPTIONAL: dict[str, tuple[str, ...]] = {"diagnoses": ("inputs",)}
