@@ -93,6 +93,11 @@ def _to_ts(date: pl.Expr, clock: pl.Expr, offset: pl.Expr | None = None) -> pl.E
     return ts - pl.duration(minutes=minutes * sign)
 
 
+# A training step that printed a finite loss (`lm loss: 2.11E+00`, `{'loss': 1.93`, `loss=3.92`): the run
+# went on. Read once per line, kept as the last such line per file (no symptom rows: step lines are many).
+PROGRESS = r"(?i)(?:^|[^a-z_])(?:lm |train_|training_|reduced_train_|avg_)?loss['\"]?\s*(?:[:=]|value:)\s*['\"]?(?:tensor\()?\s*-?\d+(?:\.\d+)?(?:e[+-]?\d+)?\b"
+
+
 def _not_source_file(host: pl.Expr) -> pl.Expr:
     return pl.when(host.str.contains(_SOURCE_FILE)).then(None).otherwise(host)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from faultline.collectors import files as filecol
-from faultline.logparse import TS_DTYPE, detail_exprs, identity_exprs, year_hint
+from faultline.logparse import PROGRESS, TS_DTYPE, detail_exprs, identity_exprs, year_hint
 from faultline.rules.decide import DecideConfig, active_symptoms, candidates, decide
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_jobs, extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
@@ -20,6 +20,8 @@ from faultline.rules.refine import filter_symptoms, refine
 from faultline.rules.report import ReportConfig, build_diagnoses
 from faultline.taxonomy import SOURCES
 
+PROGRESS_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "file": pl.String,
+                   "last_progress": pl.Int64}
 STATS_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "node": pl.String,
                 "rank": pl.Int32, "lines": pl.Int64}
 COVERAGE_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "source": pl.String,
@@ -39,6 +41,7 @@ class Evidence:
     stats: pl.DataFrame
     coverage: pl.DataFrame
     files: list[filecol.FileReport] = field(default_factory=list)
+    progress: pl.DataFrame | None = None  # job x file: the last line that showed training progress
 
 
 @dataclass
@@ -52,7 +55,7 @@ def run_engine(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = Decide
     """extract (scheduler rows) -> filter -> refine -> decide -> report, for every job of `ev` at once."""
     symptoms = pl.concat([ev.symptoms, extract_jobs(ev.jobs, ruleset)], how="vertical")
     symptoms = filter_symptoms(symptoms, ev.jobs)
-    refined = refine(symptoms, ruleset)
+    refined = refine(symptoms, ruleset, ev.progress)
     verdict = decide(refined, ev.stats, ev.jobs, decide_cfg, ev.coverage)
     cand = candidates(active_symptoms(refined, ev.stats), decide_cfg)
     meta = {"version": ruleset.version, "packs": list(ruleset.packs)}
@@ -83,7 +86,7 @@ def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job"
     year = _job_year(files)
     literals = prefilter_literals(ruleset)
     key = {"cluster": cluster, "job_id": job_id, "attempt": attempt}
-    symptom_parts, stat_parts = [], []
+    symptom_parts, stat_parts, progress_parts = [], [], []
     # Blocks of many small files are parsed together (a 64-node job has 100+ files; per-call overhead
     # would dominate), and their candidate lines extracted together. Symptoms keep the order they had
     # when each block was extracted on its own: by block, then rule, then line.
@@ -113,6 +116,8 @@ def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job"
             cluster=pl.lit(cluster), job_id=pl.lit(job_id), attempt=pl.lit(attempt, pl.Int32))
         raw.clear()
         stat_parts.append(lines.group_by([*KEY, "node", "rank"]).agg(lines=pl.len().cast(pl.Int64)))
+        progress_parts.append(lines.filter(pl.col("line").str.contains(PROGRESS))
+                              .group_by([*KEY, "file"]).agg(last_progress=pl.col("seq").max()))
         cand = lines.filter(prefilter_expr(literals))
         if cand.height:
             pending.append(cand.with_columns(**detail_exprs(year)).select(*LOG_SCHEMA, "_blk"))
@@ -146,8 +151,10 @@ def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job"
              if stat_parts else pl.DataFrame(schema=STATS_SCHEMA))
     jobs = pl.DataFrame([{**key, "state": state, "exit_code": exit_code, "signal": None,
                           "start_time": None, "end_time": None}], schema=JOBS_SCHEMA)
+    progress = (pl.concat(progress_parts).group_by([*KEY, "file"]).agg(pl.col("last_progress").max())
+                if progress_parts else pl.DataFrame(schema=PROGRESS_SCHEMA))
     return Evidence(jobs=jobs, symptoms=symptoms, stats=stats.cast(STATS_SCHEMA),
-                    coverage=file_coverage(reports, key), files=reports)
+                    coverage=file_coverage(reports, key), files=reports, progress=progress.cast(PROGRESS_SCHEMA))
 
 
 def file_coverage(reports: list[filecol.FileReport], key: dict) -> pl.DataFrame:
@@ -180,7 +187,7 @@ def adopt_spoken_job_id(ev: Evidence) -> Evidence:
         return ev
     job_id = pl.lit(spoken[-1])
     return Evidence(*(f.with_columns(job_id=job_id) for f in (ev.jobs, ev.symptoms, ev.stats, ev.coverage)),
-                    files=ev.files)
+                    files=ev.files, progress=None if ev.progress is None else ev.progress.with_columns(job_id=job_id))
 
 
 def diagnose_files(paths: list[str | Path], ruleset: Ruleset, *, job_id_guessed: bool = False, **kw) -> dict:

@@ -150,3 +150,13 @@ def test_an_ignored_exception_at_shutdown_is_not_a_failure(write, ruleset):
     q = write("job2/train.log", "Exception ignored in: <function Pool.__del__ at 0x7f5b2c1d3e20>",
               *[f"step {i}" for i in range(40)], "Traceback (most recent call last):", "KeyError: 'labels'")
     assert diagnose_files([q], ruleset)["outcome"] == "user_code_error"
+
+
+def test_a_nan_warning_the_run_went_on_past_is_not_the_cause(write, ruleset):
+    p = write("job/train.log", "[rank0]: iteration 100: loss = nan",
+              "[rank0]: {'loss': 1.9312, 'grad_norm': 0.83, 'epoch': 0.12}")
+    assert diagnose_files([p], ruleset)["outcome"] == "healthy"
+    # no progress after it: the NaN stands
+    q = write("job2/train.log", "[rank0]: {'loss': 1.9312, 'grad_norm': 0.83, 'epoch': 0.12}",
+              "[rank0]: iteration 100: loss = nan")
+    assert diagnose_files([q], ruleset)["outcome"] == "numerical_nan"

@@ -10,7 +10,7 @@ import polars as pl
 
 from faultline.pipeline import Evidence, Result, run_engine
 from faultline.rules.decide import DecideConfig
-from faultline.logparse import detail_exprs
+from faultline.logparse import PROGRESS, detail_exprs
 from faultline.rules.extract import extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
 from faultline.rules.report import ReportConfig
@@ -37,8 +37,10 @@ def evidence_from_tables(jobs: pl.DataFrame, logs: pl.DataFrame, coverage: pl.Da
     symptoms = extract_logs(with_line_details(candidates, year), ruleset, literals)
     cov = coverage.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi").select(
         *JOB_KEY, "source", "status", "rows", "reason")
+    progress = (logs.filter(pl.col("line").str.contains(PROGRESS))
+                .group_by([*JOB_KEY, "file"]).agg(last_progress=pl.col("seq").max()))
     return Evidence(jobs=failed.select(*JOB_KEY, "state", "exit_code", "signal", "start_time", "end_time"),
-                    symptoms=symptoms, stats=stats, coverage=cov)
+                    symptoms=symptoms, stats=stats, coverage=cov, progress=progress)
 
 
 def diagnoses_frame(result: Result, jobs: pl.DataFrame, ruleset_version: str) -> pl.DataFrame:

@@ -96,7 +96,7 @@ class _Builder:
         if status not in taxonomy.STATUSES:
             self.bad(where, f"status {status!r} not in {taxonomy.STATUSES}")
         known = {"id", "title", "status", "description", "references", "match", "emits", "priority",
-                 "supersedes", "supersedes_within", "action", "lookup", "tests", "__line__"}
+                 "supersedes", "supersedes_within", "recoverable", "action", "lookup", "tests", "__line__"}
         for key in raw:
             if key not in known:
                 self.bad(where, f"unknown key {key!r}")
@@ -124,6 +124,8 @@ class _Builder:
             within = 0
         if within and not raw.get("supersedes"):
             self.bad(where, "supersedes_within needs supersedes")
+        if not isinstance(raw.get("recoverable", False), bool):
+            self.bad(where, "recoverable is true or false")
 
         tests = raw.get("tests") or {}
         t_match = tuple(self._test(t, where) for t in tests.get("match") or ())
@@ -142,7 +144,7 @@ class _Builder:
             pack=pack, path=str(path), emits=emits, log=log, job=job,
             references=tuple(str(r) for r in _as_tuple(raw.get("references"))),
             priority=priority, supersedes=tuple(str(s) for s in _as_tuple(raw.get("supersedes"))),
-            supersedes_within=within,
+            supersedes_within=within, recoverable=bool(raw.get("recoverable", False)),
             action=action, lookup=lookup, tests_match=t_match, tests_no_match=t_no,
         )
 

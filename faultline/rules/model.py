@@ -71,6 +71,7 @@ class Rule:
     priority: int = 50
     supersedes: tuple[str, ...] = ()
     supersedes_within: int = 0  # > 0: supersede only matches in the next N lines of the same file
+    recoverable: bool = False  # set aside when the same file shows training progress after it
     action: str = ""
     lookup: Lookup | None = None
     tests_match: tuple[RuleTest, ...] = ()

@@ -176,8 +176,22 @@ def place_summary_entries(symptoms: pl.DataFrame) -> pl.DataFrame:
     return out.with_columns(node=pl.coalesce("node", "_host"), rank=pl.coalesce("rank", "_rank")).drop("_host", "_rank")
 
 
-def refine(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
-    out = resolve_peers(set_aside_by_order(supersede(place_summary_entries(symptoms), ruleset), ruleset))
+def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None) -> pl.DataFrame:
+    """A `recoverable` anomaly (one NaN loss or grad-norm warning) that the same file shows training
+    progress after (a finite loss, `progress`: job x file -> last such line) was survived: context."""
+    ids = [r.id for r in ruleset.rules if r.recoverable]
+    if progress is None or progress.height == 0 or not ids or symptoms.height == 0:
+        return symptoms
+    out = symptoms.join(progress, on=[*KEY, "file"], how="left", maintain_order="left")
+    survived = pl.col("rule_id").is_in(ids) & (pl.col("last_progress") > pl.col("seq")).fill_null(False)
+    return out.with_columns(superseded_by=pl.when(survived & pl.col("superseded_by").is_null())
+                            .then(pl.lit("recovered: training went on")).otherwise(pl.col("superseded_by"))
+                            ).drop("last_progress")
+
+
+def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None) -> pl.DataFrame:
+    out = supersede(place_summary_entries(symptoms), ruleset)
+    out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress))
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(pl.element().cast(pl.Int32))
     out = out.with_columns(_named=pl.when(pl.col("implicates") == "peer").then(named)).explode("_named")
