@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
-from faultline.collectors import loki, slurm
+from faultline.collectors import loki, prometheus, slurm
 from faultline.fleet import loki_jobs
 from faultline.fleet.config import ClusterConfig
 from faultline.logparse import identity_exprs
@@ -26,6 +26,7 @@ class Collected:
     logs: pl.DataFrame
     coverage: pl.DataFrame
     errors: list[str]
+    metrics: pl.DataFrame | None = None  # samples of the failed jobs' nodes (metrics: {kind: prometheus})
 
 
 def days_between(start: datetime, end: datetime) -> list[str]:
@@ -121,7 +122,25 @@ def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, marg
         raw, notes = fetch_logs(cluster, failed.clear())
     logs = parse_logs(raw)
     coverage = coverage_rows(cluster, failed, logs, errors, notes)
-    return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()] + job_errors(notes))
+    samples, metric_cov = fetch_metrics(cluster, failed, margin_minutes)
+    coverage = pl.concat([coverage, metric_cov.cast(coverage.schema)]) if metric_cov.height else coverage
+    return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()] + job_errors(notes)
+                     + metric_errors(metric_cov), samples)
+
+
+def fetch_metrics(cluster: ClusterConfig, failed: pl.DataFrame,
+                  margin_minutes: float = 15) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Samples of the failed jobs' nodes over their windows and a `metrics` coverage row per job (none when
+    no live metrics source is configured). Failures stay per job: a coverage error with the reason."""
+    if cluster.metrics is None or cluster.metrics.get("kind") != "prometheus" or failed.height == 0:
+        return pl.DataFrame(schema=TABLES["metrics"]), pl.DataFrame(schema=prometheus.COVERAGE_SCHEMA)
+    return prometheus.fetch(cluster.metrics, cluster.name, failed, margin_minutes)
+
+
+def metric_errors(coverage: pl.DataFrame, show: int = 5) -> list[str]:
+    bad = coverage.filter(pl.col("status") == "error")
+    out = [f"metrics of job {r['job_id']}.{r['attempt']}: {r['reason']}" for r in bad.head(show).iter_rows(named=True)]
+    return out + ([f"... and {bad.height - show} more job(s) whose metrics failed"] if bad.height > show else [])
 
 
 def job_errors(notes: pl.DataFrame, show: int = 5) -> list[str]:

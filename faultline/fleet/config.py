@@ -7,7 +7,16 @@ clusters:
   - name: alpha
     scheduler: {kind: sacct_files, path: /sim}     # or {kind: sacct} to run sacct on this host
     logs: {kind: loki_files, path: /sim}           # saved Loki query_range responses, one per line
-    metrics: {kind: parquet_files, path: /sim}     # optional
+    metrics: {kind: parquet_files, path: /sim}     # optional (accepted; not read yet)
+  - name: charlie
+    scheduler: {kind: sacct}
+    metrics:                                       # a live Prometheus, asked job by job (docs/fleet.md)
+      kind: prometheus
+      url: http://prometheus.example.internal:9090
+      node_label: instance                         # label naming the node (host or host:port)
+      # queries: [DCGM_FI_DEV_XID_ERRORS, 'up{job="node"}', {name: x, query: 'max by (instance) (x{$node_matcher})'}]
+      step_s: 30                                   # query_range resolution
+      max_points: 11000                            # per series and request (Prometheus's own limit)
   - name: bravo
     scheduler: {kind: sacct}
     logs:                                          # a live Loki, asked job by job (docs/fleet.md "Live Loki")
@@ -39,10 +48,11 @@ from pathlib import Path
 import yaml
 
 from faultline.collectors.loki import LokiSettings
+from faultline.collectors.prometheus import PrometheusSettings
 
 SCHEDULER_KINDS = ("sacct_files", "sacct")
 LOG_KINDS = ("loki_files", "loki")
-METRIC_KINDS = ("parquet_files",)
+METRIC_KINDS = ("parquet_files", "prometheus")
 
 
 class ConfigError(ValueError):
@@ -86,6 +96,11 @@ def _check(kind_of: str, section: dict | None, kinds: tuple[str, ...], where: st
             LokiSettings.from_config(section)
         except ValueError as exc:
             raise ConfigError(f"{where}: {kind_of} (kind loki): {exc}") from None
+    elif section["kind"] == "prometheus":
+        try:
+            PrometheusSettings.from_config(section)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {kind_of} (kind prometheus): {exc}") from None
     elif section["kind"].endswith("_files") and not section.get("path"):
         raise ConfigError(f"{where}: {kind_of}.path is required for kind {section['kind']}")
 

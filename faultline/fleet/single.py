@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from faultline.collectors import slurm
-from faultline.fleet.collect import coverage_rows, fetch_logs, parse_logs, with_job_date
+from faultline.fleet.collect import coverage_rows, fetch_logs, fetch_metrics, parse_logs, with_job_date
 from faultline.fleet.config import ClusterConfig, FleetConfig
 from faultline.fleet.diagnose import diagnose_tables
 from faultline.rules.model import Ruleset
@@ -62,7 +62,9 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
         raw, notes = fetch_logs(cluster, jobs.clear())
     logs = parse_logs(raw)
     coverage = coverage_rows(cluster, jobs, logs, errors, notes)
-    diagnoses, symptoms = diagnose_tables(jobs, logs, coverage, ruleset, cfg.max_drain)
+    samples, metric_cov = fetch_metrics(cluster, jobs, cfg.margin_minutes)
+    coverage = pl.concat([coverage, metric_cov.cast(coverage.schema)]) if metric_cov.height else coverage
+    diagnoses, symptoms = diagnose_tables(jobs, logs, coverage, ruleset, cfg.max_drain, metrics=samples)
     wh = Warehouse(cfg.warehouse_dir)
     batch = f"job-{cluster_name}-{job_id}"
     dated = lambda f: with_job_date(f, jobs)  # noqa: E731
@@ -70,6 +72,8 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
     wh.write("allocations", dated(allocs), batch)
     wh.write("logs", dated(logs), batch)
     wh.write("coverage", dated(coverage), batch)
+    if samples.height:
+        wh.write("metrics", samples.with_columns(date=pl.col("ts").dt.date()), batch)
     wh.write("diagnoses", dated(diagnoses), f"{batch}-{ruleset.version}")
     wh.write("symptoms", dated(symptoms), f"{batch}-{ruleset.version}")
     if diagnoses.height == 0:  # the job did not fail: say so rather than invent a verdict

@@ -53,6 +53,8 @@ def collect_partition(data_dir: str, cluster: str, start: datetime, end: datetim
         "logs": wh.write("logs", with_job_date(got.logs, got.jobs), batch),
         "coverage": wh.write("coverage", with_job_date(got.coverage, got.jobs), batch),
     }
+    if got.metrics is not None and got.metrics.height:  # partitioned by the sample's own day
+        counts["metrics"] = wh.write("metrics", got.metrics.with_columns(date=pl.col("ts").dt.date()), batch)
     failed = int(got.jobs.filter(pl.col("state").is_in(list(FAILED_STATES))).height)
     return {"cluster": cluster, "start": start.isoformat(), "failed": failed, "errors": got.errors, **counts}
 
@@ -71,7 +73,12 @@ def diagnose_partition(data_dir: str, cluster: str, start: datetime, end: dateti
         return {"cluster": cluster, "day": day.isoformat(), "diagnosed": 0, "ruleset": ruleset.version}
     logs = wh.read_window("logs", day, day, [cluster]).join(failed.select(JOB_KEY), on=JOB_KEY, how="semi")
     coverage = wh.read_window("coverage", day, day, [cluster])
-    diagnoses, symptoms = diagnose_tables(failed, logs, coverage, ruleset, cfg.max_drain)
+    # A job that ended today may have started days ago: its samples lie in those days' partitions.
+    first = failed["start_time"].min() or start
+    nodes = failed["nodes"].explode().drop_nulls().unique().to_list()
+    metrics = (wh.read_window("metrics", first.date() - timedelta(days=1), day, [cluster])
+               .filter(pl.col("node").is_in(nodes)))
+    diagnoses, symptoms = diagnose_tables(failed, logs, coverage, ruleset, cfg.max_drain, metrics=metrics)
     batch = f"diagnose-{ruleset.version}-{cluster}-{_stamp(start)}-{_stamp(end)}"
     dated = lambda f: f.join(failed.select(*JOB_KEY, date=pl.col("end_time").dt.date()), on=JOB_KEY)  # noqa: E731
     wh.write("diagnoses", dated(diagnoses), batch)
