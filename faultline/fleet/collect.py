@@ -3,6 +3,7 @@ parsed and written to the warehouse with a coverage record per job and source.""
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -27,6 +28,7 @@ class Collected:
     coverage: pl.DataFrame
     errors: list[str]
     metrics: pl.DataFrame | None = None  # samples of the failed jobs' nodes (metrics: {kind: prometheus})
+    node_events: pl.DataFrame | None = None  # drains, downs, fails (sinfo -R, or saved node_events files)
 
 
 def days_between(start: datetime, end: datetime) -> list[str]:
@@ -124,8 +126,29 @@ def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, marg
     coverage = coverage_rows(cluster, failed, logs, errors, notes)
     samples, metric_cov = fetch_metrics(cluster, failed, margin_minutes)
     coverage = pl.concat([coverage, metric_cov.cast(coverage.schema)]) if metric_cov.height else coverage
+    try:
+        events = node_events(cluster, start, end)
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError, pl.exceptions.PolarsError) as exc:
+        errors["node_events"] = f"{type(exc).__name__}: {exc}"[:300]
+        events = pl.DataFrame(schema=slurm.NODE_EVENTS_SCHEMA)
     return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()] + job_errors(notes)
-                     + metric_errors(metric_cov), samples)
+                     + metric_errors(metric_cov), samples, events)
+
+
+def node_events(cluster: ClusterConfig, start: datetime, end: datetime) -> pl.DataFrame:
+    """Node drains, downs and fails: from `sinfo -R` (the reasons standing now, with the time each was set:
+    kept if set before the window's end) for a live Slurm, or from saved files. `node_events: false` in the
+    scheduler section turns it off."""
+    sched = cluster.scheduler
+    if sched.get("node_events") is False:
+        return pl.DataFrame(schema=slurm.NODE_EVENTS_SCHEMA)
+    if sched["kind"] == "sacct_files":
+        events = slurm.read_node_event_files(Path(sched["path"]), cluster.name, days_between(start, end))
+        return events.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
+    command = sched.get("command", "sacct")
+    sinfo = sched.get("sinfo") or (str(Path(command).with_name("sinfo")) if "/" in command else "sinfo")
+    events = slurm.parse_sinfo_reasons(slurm.run_sinfo_reasons(sinfo), cluster.name)
+    return events.filter(pl.col("ts").is_null() | (pl.col("ts") < end))
 
 
 def fetch_metrics(cluster: ClusterConfig, failed: pl.DataFrame,

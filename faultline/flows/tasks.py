@@ -55,6 +55,9 @@ def collect_partition(data_dir: str, cluster: str, start: datetime, end: datetim
     }
     if got.metrics is not None and got.metrics.height:  # partitioned by the sample's own day
         counts["metrics"] = wh.write("metrics", got.metrics.with_columns(date=pl.col("ts").dt.date()), batch)
+    if got.node_events is not None and got.node_events.height:  # by the event's day
+        events = got.node_events.filter(pl.col("ts").is_not_null())
+        counts["node_events"] = wh.write("node_events", events.with_columns(date=pl.col("ts").dt.date()), batch)
     failed = int(got.jobs.filter(pl.col("state").is_in(list(FAILED_STATES))).height)
     return {"cluster": cluster, "start": start.isoformat(), "failed": failed, "errors": got.errors, **counts}
 
