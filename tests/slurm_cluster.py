@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,6 +70,13 @@ class SlurmCluster:
 
     # ------------------------------------------------------------------ start
     def start(self) -> "SlurmCluster":
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # whatever was started before the failure
+            raise
+
+    def _start(self) -> "SlurmCluster":
         r = self.root
         for d in ("state", "spool", "mysql", "munge", "jobs"):
             (r / d).mkdir(parents=True, exist_ok=True)
@@ -80,6 +88,10 @@ class SlurmCluster:
             key.write_bytes(os.urandom(1024))
             key.chmod(0o400)
         self.munge_socket = r / "munge" / "munge.socket"
+        jwt = r / "state" / "jwt_hs256.key"  # slurmrestd's JWT tokens (scontrol token) are signed with it
+        if not jwt.exists():
+            jwt.write_bytes(os.urandom(32))
+            jwt.chmod(0o600)
         subprocess.run(["munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
                         f"--pid-file={r / 'munged.pid'}", f"--seed-file={r / 'munge' / 'seed'}",
                         f"--log-file={r / 'munged.log'}"], check=True, capture_output=True, timeout=30)
@@ -102,6 +114,8 @@ class SlurmCluster:
                                                           capture_output=True).returncode == 0, 60, r / "mariadb.log")
         (r / "slurmdbd.conf").write_text(f"""AuthType=auth/munge
 AuthInfo=socket={self.munge_socket}
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key={jwt}
 DbdHost=localhost
 DbdAddr=127.0.0.1
 DbdPort={self.ports['dbd']}
@@ -122,6 +136,8 @@ SlurmctldPort={self.ports['ctld']}
 SlurmdPort={self.ports['slurmd']}
 AuthType=auth/munge
 AuthInfo=socket={self.munge_socket}
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key={jwt}
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -159,7 +175,31 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         self._daemon("slurmd", "-N", NODE)
         _wait("the node", lambda: "idle" in self.run("sinfo", "-h", "-o", "%T", check=False), 90,
               r / "slurmctld.log")
+        self.restd_url = None
+        if shutil.which("slurmrestd") and shutil.which("setpriv"):
+            self._start_restd()
         return self
+
+    def _start_restd(self) -> None:
+        """slurmrestd refuses to run as root: it runs as nobody, and authenticates each request by its JWT
+        (SLURM_JWT=daemon makes it talk to slurmctld/slurmdbd with the caller's token)."""
+        port = self.ports["restd"] = _free_port()
+        # nobody cannot enter a private test folder: it reads a copy of slurm.conf from a readable one
+        self.restd_dir = Path(tempfile.mkdtemp(prefix="fl-slurmrestd-"))
+        self.restd_dir.chmod(0o755)
+        conf = self.restd_dir / "slurm.conf"
+        shutil.copy(self.root / "slurm.conf", conf)
+        conf.chmod(0o644)
+        env = {**self.env, "SLURM_JWT": "daemon", "SLURM_CONF": str(conf)}
+        self.procs.append(subprocess.Popen(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "slurmrestd", "-a", "rest_auth/jwt",
+             "-s", "openapi/v0.0.38,openapi/dbv0.0.38", f"127.0.0.1:{port}"],
+            env=env, stdout=open(self.root / "slurmrestd.log", "wb"), stderr=subprocess.STDOUT))
+        _wait("slurmrestd", lambda: self._port_open(port), 30, self.root / "slurmrestd.log")
+        self.restd_url = f"http://127.0.0.1:{port}"
+
+    def token(self, user: str = "root", lifespan: int = 3600) -> str:
+        return self.run("scontrol", "token", f"username={user}", f"lifespan={lifespan}").strip().split("=", 1)[1]
 
     @staticmethod
     def _port_open(port: int) -> bool:
@@ -211,6 +251,8 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
                 p.wait(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
+        if getattr(self, "restd_dir", None):
+            shutil.rmtree(self.restd_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

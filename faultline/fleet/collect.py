@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from faultline.collectors import loki, prometheus, slurm
+from faultline.collectors import loki, prometheus, slurm, slurmrestd
 from faultline.fleet import loki_jobs
 from faultline.fleet.config import ClusterConfig
 from faultline.logparse import identity_exprs
@@ -42,11 +42,14 @@ def days_between(start: datetime, end: datetime) -> list[str]:
 def scheduler_jobs(cluster: ClusterConfig, start: datetime, end: datetime) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Job attempts that ended in [start, end), with their allocations."""
     kind = cluster.scheduler["kind"]
-    if kind == "sacct_files":
-        text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(start, end))
+    if kind == "slurmrestd":
+        jobs, allocs = slurmrestd.fetch_jobs(cluster.scheduler, cluster.name, start, end)
     else:
-        text = slurm.run_sacct(start, end, cluster.scheduler.get("command", "sacct"))
-    jobs, allocs = slurm.parse_sacct(text, cluster.name)
+        if kind == "sacct_files":
+            text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(start, end))
+        else:
+            text = slurm.run_sacct(start, end, cluster.scheduler.get("command", "sacct"))
+        jobs, allocs = slurm.parse_sacct(text, cluster.name)
     jobs = jobs.filter((pl.col("end_time") >= start) & (pl.col("end_time") < end))
     allocs = allocs.join(jobs.select(JOB_KEY), on=JOB_KEY, how="semi")
     return jobs, allocs
@@ -142,6 +145,9 @@ def node_events(cluster: ClusterConfig, start: datetime, end: datetime) -> pl.Da
     sched = cluster.scheduler
     if sched.get("node_events") is False:
         return pl.DataFrame(schema=slurm.NODE_EVENTS_SCHEMA)
+    if sched["kind"] == "slurmrestd":
+        events = slurmrestd.fetch_node_events(sched, cluster.name)
+        return events.filter(pl.col("ts").is_null() | (pl.col("ts") < end))
     if sched["kind"] == "sacct_files":
         events = slurm.read_node_event_files(Path(sched["path"]), cluster.name, days_between(start, end))
         return events.filter((pl.col("ts") >= start) & (pl.col("ts") < end))

@@ -9,7 +9,12 @@ clusters:
     logs: {kind: loki_files, path: /sim}           # saved Loki query_range responses, one per line
     metrics: {kind: parquet_files, path: /sim}     # optional (accepted; not read yet)
   - name: charlie
-    scheduler: {kind: sacct}
+    scheduler:                                     # Slurm's REST API with a JWT (docs/fleet.md "Slurm")
+      kind: slurmrestd
+      url: http://slurmrestd.example.internal:6820
+      token_env: SLURM_JWT                         # the NAME of the variable holding `scontrol token` output
+      user_name: faultline                         # X-SLURM-USER-NAME
+      api_version: v0.0.38                         # Slurm 22.05
     metrics:                                       # a live Prometheus, asked job by job (docs/fleet.md)
       kind: prometheus
       url: http://prometheus.example.internal:9090
@@ -49,8 +54,9 @@ import yaml
 
 from faultline.collectors.loki import LokiSettings
 from faultline.collectors.prometheus import PrometheusSettings
+from faultline.collectors.slurmrestd import SlurmRestSettings
 
-SCHEDULER_KINDS = ("sacct_files", "sacct")
+SCHEDULER_KINDS = ("sacct_files", "sacct", "slurmrestd")
 LOG_KINDS = ("loki_files", "loki")
 METRIC_KINDS = ("parquet_files", "prometheus")
 
@@ -96,6 +102,11 @@ def _check(kind_of: str, section: dict | None, kinds: tuple[str, ...], where: st
             LokiSettings.from_config(section)
         except ValueError as exc:
             raise ConfigError(f"{where}: {kind_of} (kind loki): {exc}") from None
+    elif section["kind"] == "slurmrestd":
+        try:
+            SlurmRestSettings.from_config(section)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {kind_of} (kind slurmrestd): {exc}") from None
     elif section["kind"] == "prometheus":
         try:
             PrometheusSettings.from_config(section)

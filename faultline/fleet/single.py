@@ -8,7 +8,7 @@ from pathlib import Path
 
 import polars as pl
 
-from faultline.collectors import slurm
+from faultline.collectors import slurm, slurmrestd
 from faultline.fleet.collect import coverage_rows, fetch_logs, fetch_metrics, parse_logs, with_job_date
 from faultline.fleet.config import ClusterConfig, FleetConfig
 from faultline.fleet.diagnose import diagnose_tables
@@ -35,9 +35,13 @@ def find_job(cluster: ClusterConfig, job_id: str) -> tuple[pl.DataFrame, pl.Data
         root = Path(cluster.scheduler["path"]) / cluster.name / "sacct"
         days = sorted(p.stem for p in root.glob("*.txt"))
         text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days)
+    elif cluster.scheduler["kind"] == "slurmrestd":
+        text = None
+        jobs, allocs = slurmrestd.fetch_job(cluster.scheduler, cluster.name, job_id)
     else:
         text = slurm.run_sacct_job(job_id, cluster.scheduler.get("command", "sacct"))
-    jobs, allocs = slurm.parse_sacct(text, cluster.name)
+    if text is not None:
+        jobs, allocs = slurm.parse_sacct(text, cluster.name)
     jobs = jobs.filter(pl.col("job_id") == job_id)
     if jobs.height == 0:
         raise JobNotFound(f"job {job_id} not found on cluster {cluster.name}")
