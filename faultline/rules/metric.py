@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import polars as pl
@@ -142,6 +143,10 @@ _SERIES = [*KEY, "node", "gpu", "name", "labels"]
 _HIT_SCHEMA = {"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "node": pl.String, "gpu": pl.Int32,
                "name": pl.String, "labels": pl.String, "ts": pl.Datetime("us", "UTC"), "value": pl.Float64,
                "prev": pl.Float64, "increase": pl.Float64, "median": pl.Float64, "_rule": pl.UInt32}
+# What a kind returns: the job (_j), the series (_sid) and the sample that tells; names are joined back after.
+_NARROW = {"_j": pl.UInt32, "_sid": pl.UInt32, "ts": pl.Datetime("us", "UTC"), "value": pl.Float64,
+           "prev": pl.Float64, "increase": pl.Float64, "median": pl.Float64, "_rule": pl.UInt32}
+_SER = ["_j", "_sid"]
 
 
 def _windows(jobs: pl.DataFrame) -> pl.DataFrame:
@@ -152,75 +157,108 @@ def _windows(jobs: pl.DataFrame) -> pl.DataFrame:
             .unique(subset=[*KEY, "node"], maintain_order=True))
 
 
+@dataclass
+class Samples:
+    """Each job's samples of its nodes, narrow: `frame` has _j (a row of `windows`), _sid (a row of `series`),
+    ts, value, prev (the sample before in the same series and job), delta (the increase; a reset counts
+    from zero) and inwin (at or after the job's start); rows ordered by job, series, time."""
+    frame: pl.DataFrame
+    series: pl.DataFrame   # _sid, node, gpu, name, labels
+    windows: pl.DataFrame  # _j, cluster, job_id, attempt, node, start_time, end_time
+
+
 def samples_in_windows(metrics: pl.DataFrame, jobs: pl.DataFrame, names: list[str],
-                       margin_s: float = MARGIN_S, grace_s: float = GRACE_S) -> pl.DataFrame:
-    """Each job's samples of `names` on its nodes from `start - margin_s` to `end + grace_s`, with per-series
-    `prev` (the sample before) and `delta` (the increase, a reset counting from zero) and `inwin`."""
-    win = _windows(jobs)
-    s = (metrics.lazy().filter(pl.col("name").is_in(names) & pl.col("value").is_not_nan())
-         .join(win.lazy(), on=["cluster", "node"])
-         .with_columns(_end=pl.coalesce("end_time", pl.col("ts").max().over(KEY)))
-         .filter((pl.col("ts") >= pl.col("start_time") - pl.duration(seconds=margin_s))
-                 & (pl.col("ts") <= pl.col("_end") + pl.duration(seconds=grace_s)))
-         .sort([*_SERIES, "ts"], nulls_last=True)
-         .with_columns(prev=pl.col("value").shift().over(_SERIES),
-                       inwin=pl.col("ts") >= pl.col("start_time"))
-         .with_columns(delta=pl.when(pl.col("prev").is_null()).then(None)
-                       .when(pl.col("value") >= pl.col("prev")).then(pl.col("value") - pl.col("prev"))
-                       .otherwise(pl.col("value"))))
-    return s.collect()
+                       margin_s: float = MARGIN_S, grace_s: float = GRACE_S) -> Samples:
+    """Samples of `names` on each job's nodes from `start - margin_s` to `end + grace_s`. Samples meet windows
+    through hour buckets (an equi-join on node and hour, then the exact bounds), so a day of a fleet's
+    samples is never paired with every job of each node; strings stay out of the big frame."""
+    hour = 3_600_000_000  # microseconds
+    m = (metrics.lazy().filter(pl.col("name").is_in(names) & pl.col("value").is_not_nan())
+         .with_columns(_h=pl.struct("node", "gpu", "name", "labels").hash()).collect())
+    series = (m.select("_h", "node", "gpu", "name", "labels").unique("_h", maintain_order=True)
+              .with_row_index("_sid"))
+    win = _windows(jobs).with_row_index("_j")
+    end = pl.coalesce("end_time", pl.lit(m["ts"].max(), pl.Datetime("us", "UTC")))
+    lo = (pl.col("start_time") - pl.duration(seconds=margin_s)).dt.epoch("us") // hour
+    buckets = (win.lazy().select("_j", "cluster", "node", "start_time", _end=end)
+               .with_columns(_hour=pl.int_ranges(lo, (pl.col("_end") + pl.duration(seconds=grace_s)).dt.epoch("us")
+                                                 // hour + 1)).explode("_hour"))
+    frame = (m.lazy().join(series.lazy().select("_h", "_sid"), on="_h").sort("ts")
+             .select("cluster", "node", "_sid", "ts", "value", _hour=pl.col("ts").dt.epoch("us") // hour)
+             .join(buckets, on=["cluster", "node", "_hour"], maintain_order="left")
+             .filter((pl.col("ts") >= pl.col("start_time") - pl.duration(seconds=margin_s))
+                     & (pl.col("ts") <= pl.col("_end") + pl.duration(seconds=grace_s)))
+             .select("_j", "_sid", "ts", "value", inwin=pl.col("ts") >= pl.col("start_time"),
+                     _k=pl.col("_j").cast(pl.UInt64) * (1 << 32) + pl.col("_sid").cast(pl.UInt64))
+             .sort("_k", maintain_order=True)  # one integer key, stable: time order kept within a series
+             .with_columns(_same=pl.col("_k") == pl.col("_k").shift())
+             .with_columns(prev=pl.when(pl.col("_same")).then(pl.col("value").shift()))
+             .with_columns(delta=pl.when(pl.col("prev").is_null()).then(None)
+                           .when(pl.col("value") >= pl.col("prev")).then(pl.col("value") - pl.col("prev"))
+                           .otherwise(pl.col("value")))
+             .drop("_same").collect())
+    return Samples(frame, series.drop("_h").cast({"_sid": pl.UInt32}), win.cast({"_j": pl.UInt32}))
 
 
-def _label_filter(m: MetricMatch) -> pl.Expr:
+def _of_rule(s: Samples, m: MetricMatch) -> pl.DataFrame:
+    """The rows of the rule's metric (and labels)."""
     cond = pl.col("name") == m.name
     for k, v in m.labels.items():
         cond = cond & (pl.col("labels").str.json_path_match(f"$.{k}") == v)
-    return cond
+    sids = s.series.filter(cond)["_sid"]
+    return s.frame.filter(pl.col("_sid").is_in(sids.implode()))
 
 
-def _rise(s: pl.DataFrame, rule: Rule, i: int) -> pl.DataFrame:
+def _rise(s: Samples, rule: Rule, i: int) -> pl.DataFrame:
     m = rule.metric
-    s = s.filter(_label_filter(m))
-    total = s.filter(pl.col("inwin")).group_by(_SERIES).agg(increase=pl.col("delta").fill_null(0).sum())
-    hits = s.filter(pl.col("inwin") & (pl.col("delta") >= m.min_increase))
-    by = _SERIES + (["value"] if rule.lookup is not None else [])
-    first = hits.sort("ts").group_by(by, maintain_order=True).first()
-    return first.join(total, on=_SERIES, how="left", nulls_equal=True).select(
-        *_SERIES, "ts", "value", "prev", "increase", median=pl.lit(None, pl.Float64), _rule=pl.lit(i, pl.UInt32))
+    rows = _of_rule(s, m)
+    hits = rows.filter(pl.col("inwin") & (pl.col("delta") >= m.min_increase))
+    if hits.height == 0:
+        return pl.DataFrame(schema=_NARROW)
+    mine = rows.join(hits.select(_SER).unique(), on=_SER, how="semi")  # only the series that rose
+    total = mine.filter(pl.col("inwin")).group_by(_SER).agg(increase=pl.col("delta").fill_null(0).sum())
+    by = _SER + (["value"] if rule.lookup is not None else [])
+    first = hits.group_by(by, maintain_order=True).first()  # rows are in time order within a series
+    return first.join(total, on=_SER, how="left").select(
+        *_SER, "ts", "value", "prev", "increase", median=pl.lit(None, pl.Float64), _rule=pl.lit(i, pl.UInt32))
 
 
-def _beyond(s: pl.DataFrame, rule: Rule, i: int) -> pl.DataFrame:
+def _beyond(s: Samples, rule: Rule, i: int) -> pl.DataFrame:
     m = rule.metric
-    s = s.filter(_label_filter(m))
+    rows = _of_rule(s, m)
     cond = (pl.col("value") > m.threshold) if m.kind == "above" else (pl.col("value") < m.threshold)
-    s = s.with_columns(_c=cond & pl.col("inwin"))
-    s = s.with_columns(_run=(pl.col("_c") != pl.col("_c").shift().over(_SERIES)).fill_null(True).cum_sum().over(_SERIES))
-    s = s.filter(pl.col("_c")).with_columns(_t0=pl.col("ts").min().over([*_SERIES, "_run"]),
-                                            _peak=(pl.col("value").max() if m.kind == "above" else pl.col("value").min())
-                                            .over([*_SERIES, "_run"]))
-    held = s.filter(pl.col("ts") - pl.col("_t0") >= pl.duration(microseconds=int(m.for_s * 1e6)))
-    first = held.sort("ts").group_by(_SERIES, maintain_order=True).first()
-    return first.select(*_SERIES, "ts", value="_peak", prev=pl.lit(None, pl.Float64),
+    rows = rows.with_columns(_c=cond & pl.col("inwin"))
+    rows = rows.with_columns(_run=((pl.col("_c") != pl.col("_c").shift()) | (pl.col("_k") != pl.col("_k").shift()))
+                             .fill_null(True).cum_sum())
+    rows = rows.filter(pl.col("_c")).with_columns(
+        _t0=pl.col("ts").min().over("_run"),
+        _peak=(pl.col("value").max() if m.kind == "above" else pl.col("value").min()).over("_run"))
+    held = rows.filter(pl.col("ts") - pl.col("_t0") >= pl.duration(microseconds=int(m.for_s * 1e6)))
+    first = held.group_by(_SER, maintain_order=True).first()
+    return first.select(*_SER, "ts", value="_peak", prev=pl.lit(None, pl.Float64),
                         increase=pl.lit(None, pl.Float64), median=pl.lit(None, pl.Float64), _rule=pl.lit(i, pl.UInt32))
 
 
-def _outlier(s: pl.DataFrame, rule: Rule, i: int) -> pl.DataFrame:
+def _outlier(s: Samples, rule: Rule, i: int) -> pl.DataFrame:
     m = rule.metric
-    s = s.filter(_label_filter(m) & pl.col("inwin"))
-    node = [*KEY, "node"]
+    rows = (_of_rule(s, m).filter(pl.col("inwin"))
+            .join(s.series.select("_sid", "node"), on="_sid", how="left", maintain_order="left"))
+    job = ["_j_job"]
+    rows = rows.join(s.windows.select("_j", _j_job=pl.struct(KEY).hash()), on="_j", how="left", maintain_order="left")
+    node = [*job, "node"]
     stat = {"increase": pl.col("delta").fill_null(0).sum(), "max": pl.col("value").max(),
             "mean": pl.col("value").mean()}[m.stat]
-    per = s.group_by(node).agg(stat=stat)
-    per = per.with_columns(median=pl.col("stat").median().over(KEY), n=pl.len().over(KEY))
+    per = rows.group_by(node).agg(stat=stat)
+    per = per.with_columns(median=pl.col("stat").median().over(job), n=pl.len().over(job))
     out = per.filter((pl.col("n") >= m.min_nodes) & (pl.col("stat") >= m.min_value)
                      & (pl.col("stat") > m.factor * pl.col("median")))
-    out = out.filter(pl.len().over(KEY) == 1)  # the one node that differs; two or more: not an outlier
+    out = out.filter(pl.len().over(job) == 1)  # the one node that differs; two or more: not an outlier
     if out.height == 0:
-        return pl.DataFrame(schema=_HIT_SCHEMA)
-    mine = s.join(out, on=node)
+        return pl.DataFrame(schema=_NARROW)
+    mine = rows.join(out, on=node)
     when = (pl.col("delta") > 0) if m.stat == "increase" else (pl.col("value") > m.factor * pl.col("median"))
     first = mine.filter(when).sort("ts").group_by(node, maintain_order=True).first()
-    return first.select(*_SERIES, "ts", value="stat", prev=pl.lit(None, pl.Float64), increase="stat", median="median",
+    return first.select(*_SER, "ts", value="stat", prev=pl.lit(None, pl.Float64), increase="stat", median="median",
                         _rule=pl.lit(i, pl.UInt32))
 
 
@@ -240,10 +278,13 @@ def extract_metrics(metrics: pl.DataFrame | None, jobs: pl.DataFrame, ruleset: R
     if metrics is None or metrics.height == 0 or not rules or jobs.height == 0:
         return empty_symptoms()
     s = samples_in_windows(metrics, jobs, sorted({r.metric.name for r in rules}), margin_s, grace_s)
-    if s.height == 0:
+    if s.frame.height == 0:
         return empty_symptoms()
-    parts = [_KIND[r.metric.kind](s, r, i).cast(_HIT_SCHEMA) for i, r in enumerate(rules)]
-    hits = pl.concat(parts).sort("_rule", *KEY, "ts", "node", "gpu", nulls_last=True)
+    parts = [_KIND[r.metric.kind](s, r, i).cast(_NARROW) for i, r in enumerate(rules)]
+    hits = (pl.concat(parts).join(s.series, on="_sid", how="left")
+            .join(s.windows.select("_j", *KEY), on="_j", how="left").drop("_j", "_sid")
+            .select(list(_HIT_SCHEMA)).cast(_HIT_SCHEMA))
+    hits = hits.sort("_rule", *KEY, "ts", "node", "gpu", nulls_last=True)
     if hits.height == 0:
         return empty_symptoms()
     value, gpu_s = _pretty(pl.col("value")), pl.col("gpu").cast(pl.String)
