@@ -30,13 +30,13 @@ YEAR = 2025
 
 # name: (failed jobs, chatter lines per simulator applog line, replicas, single-job lines, python-loop lines)
 SCENARIOS = {
-    "smoke": dict(failed=40, chatter=0, replicas=1, single_lines=20_000, py_lines=20_000),
-    "S": dict(failed=1000, chatter=0, replicas=1, single_lines=100_000, py_lines=100_000),
+    "smoke": dict(failed=40, chatter=0, replicas=1, single_lines=20_000, py_lines=20_000, metrics_nodes=16),
+    "S": dict(failed=1000, chatter=0, replicas=1, single_lines=100_000, py_lines=100_000, metrics_nodes=128),
     "M": dict(failed=270, chatter=9, replicas=10, single_lines=0, py_lines=100_000),
     "L": dict(failed=270, chatter=9, replicas=100, single_lines=0, py_lines=0, stream=True),  # ~17 min
     "L20": dict(failed=270, chatter=9, replicas=20, single_lines=0, py_lines=0, stream=True),  # L at 1/5, ~4 min
 }
-STAGES = ["ingest", "extract", "diagnose", "e2e", "stream", "single", "single_cli", "service",
+STAGES = ["ingest", "extract", "diagnose", "e2e", "stream", "single", "single_cli", "service", "metrics",
           "python_loop", "ripgrep", "ripgrep_unicode"]
 
 
@@ -239,7 +239,77 @@ def stage_python(data: Path, limit: int) -> dict:
     return python_loop([data / "jobs" / n for n in names], load_ruleset(), limit or None)
 
 
-CHILD = {"ingest": stage_ingest, "extract": stage_extract, "diagnose": stage_diagnose, "stream": stage_stream,
+def make_metrics_day(data: Path, nodes: int, jobs: int, seed: int = 7) -> dict:
+    """A fleet day of DCGM (5 fields x 8 GPUs) and InfiniBand (4 counters x 2 ports) samples every 30 s for
+    `nodes` nodes, and `jobs` failed jobs of 1-16 nodes on them; one job in ten has a fault only the metrics
+    show (an Xid, a DBE, an IB link down or a symbol-error storm on one of its nodes)."""
+    import numpy as np
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    day0 = np.datetime64("2026-11-20T00:00:00", "us")
+    steps = np.arange(0, 86400, 30, dtype=np.int64) * 1_000_000
+    gpu_names = ["DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ROW_REMAP_PENDING",
+                 "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_GPU_TEMP"]
+    ib_names = ["node_infiniband_link_downed_total", "node_infiniband_symbol_error_total",
+                "node_infiniband_port_errors_received_total", "node_infiniband_link_error_recovery_total"]
+    series = [(f"gpu{n:04d}", g, name, "{}") for n in range(nodes) for g in range(8) for name in gpu_names]
+    series += [(f"gpu{n:04d}", None, name, f'{{"device":"mlx5_{p}","port":"1"}}')
+               for n in range(nodes) for p in range(2) for name in ib_names]
+    meta = pl.DataFrame(series, schema={"node": pl.String, "gpu": pl.Int32, "name": pl.String, "labels": pl.String},
+                        orient="row").with_row_index("_s")
+    k = len(steps)
+    values = np.where(np.char.startswith(meta["name"].to_numpy().astype(str), "DCGM_FI_DEV_GPU_TEMP"), 60.0, 0.0)
+    frame = pl.DataFrame({"_s": np.repeat(np.arange(meta.height, dtype=np.uint32), k),
+                          "ts": np.tile(day0 + steps.astype("timedelta64[us]"), meta.height),
+                          "value": np.repeat(values, k)})
+    # jobs
+    starts = rng.integers(0, 86400 - 7200, jobs)
+    durs = rng.integers(600, 6 * 3600, jobs)
+    sizes = np.minimum(rng.choice([1, 2, 4, 8, 16], jobs), nodes)
+    firsts = rng.integers(0, nodes - sizes + 1)
+    job_rows, faults = [], []
+    for j in range(jobs):
+        ns = [f"gpu{firsts[j] + i:04d}" for i in range(sizes[j])]
+        t0 = day0 + np.timedelta64(int(starts[j]), "s")
+        t1 = t0 + np.timedelta64(int(durs[j]), "s")
+        job_rows.append({"cluster": "alpha", "job_id": str(900000 + j), "attempt": 0,
+                         "start_time": int(t0.astype("int64")), "end_time": int(t1.astype("int64")), "nodes": ns})
+        if j % 10 == 0:
+            faults.append((ns[-1], t0 + np.timedelta64(int(durs[j] // 2), "s"), j % 40))
+    frame = frame.join(meta, on="_s").drop("_s")
+    for node, at, kind in faults:  # the fault's series steps up at `at` and stays
+        name, gpu = {0: ("DCGM_FI_DEV_XID_ERRORS", 3), 10: ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 5),
+                     20: ("node_infiniband_link_downed_total", None), 30: ("node_infiniband_symbol_error_total", None)}[kind]
+        hit = (pl.col("node") == node) & (pl.col("name") == name) & (pl.col("ts") >= at)
+        hit = hit & (pl.col("gpu") == gpu if gpu is not None else pl.col("labels").str.contains("mlx5_0"))
+        frame = frame.with_columns(value=pl.when(hit).then(pl.lit(79.0 if kind == 0 else 500.0)).otherwise("value"))
+    frame = frame.with_columns(cluster=pl.lit("alpha"), ts=pl.col("ts").dt.replace_time_zone("UTC"))
+    frame.write_parquet(data / "metrics.parquet")
+    pl.DataFrame(job_rows).with_columns(pl.col("start_time", "end_time").cast(pl.Datetime("us", "UTC")),
+                                        pl.col("attempt").cast(pl.Int32)).write_parquet(data / "metric_jobs.parquet")
+    return {"samples": frame.height, "series": meta.height, "jobs": jobs, "faults": len(faults)}
+
+
+def stage_metrics(data: Path) -> dict:
+    """Every metric rule over a fleet day of samples and the day's failed jobs, at once."""
+    import polars as pl
+
+    from faultline.rules.loader import load_ruleset
+    from faultline.rules.metric import extract_metrics
+
+    rs = load_ruleset()
+    t0 = time.perf_counter()
+    metrics = pl.read_parquet(data / "metrics.parquet")
+    jobs = pl.read_parquet(data / "metric_jobs.parquet")
+    sym = extract_metrics(metrics, jobs, rs)
+    spent = time.perf_counter() - t0
+    return {"seconds": spent, "lines": metrics.height, "bytes": 0, "symptoms": sym.height,
+            "jobs_with_symptoms": sym.filter(pl.col("role") != "context")["job_id"].n_unique(),
+            "rules": len(rs.metric_rules)}
+
+
+CHILD = {"metrics": stage_metrics, "ingest": stage_ingest, "extract": stage_extract, "diagnose": stage_diagnose, "stream": stage_stream,
          "single": stage_single}
 
 
@@ -451,6 +521,17 @@ def run_scenario(name: str, work: Path, repeat: int, log, stages: set[str] | Non
             note=f"POST /v1/diagnose, the 64-node job inline as JSON, {len(res['latencies_s'])} requests to one "
                  f"`faultline serve` (ruleset loaded at start-up); client-side latency, p95 {res['p95_s']:.3f} s")
 
+    if spec.get("metrics_nodes") and want("metrics"):
+        if not (data / "metrics.parquet").is_file():
+            minfo = make_metrics_day(data, spec["metrics_nodes"], jobs=max(20, spec["metrics_nodes"] * 2))
+            (data / "metrics_info.json").write_text(json.dumps(minfo))
+        minfo = json.loads((data / "metrics_info.json").read_text())
+        res, runs, peak = _median_run(lambda: _py_stage("metrics", data), repeat)
+        row("metrics", res, runs, peak, symptoms=res["symptoms"], rules=res["rules"],
+            note=f"a day of DCGM + IB samples (30 s) of {spec['metrics_nodes']} nodes, {minfo['series']:,} series, "
+                 f"{minfo['jobs']} failed jobs ({minfo['faults']} with a metrics-only fault; "
+                 f"{res['jobs_with_symptoms']} got a non-context metric symptom) through {res['rules']} metric rules")
+
     # ratios against the baselines of the same scenario
     rg_s = rg["median_s"] if rg and rg.get("median_s") else None
     py_rate = py["lines"] / py["median_s"] if py and py.get("median_s") else None
@@ -461,7 +542,7 @@ def run_scenario(name: str, work: Path, repeat: int, log, stages: set[str] | Non
             r["mb_per_s"] = r["bytes"] / 2**20 / r["median_s"] if r["bytes"] else None
             same_bytes = r["stage"] in ("extract", "diagnose", "e2e", "ingest", "stream", "ripgrep_unicode")
             r["vs_rg"] = r["median_s"] / rg_s if rg_s and same_bytes else None
-            r["vs_py"] = r["lines_per_s"] / py_rate if py_rate and r["stage"] not in ("python_loop",) else None
+            r["vs_py"] = r["lines_per_s"] / py_rate if py_rate and r["stage"] not in ("python_loop", "metrics") else None
     if rows:
         rows[0]["info"] = info
     return rows

@@ -24,7 +24,7 @@ def test_bench_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout
     rows = {r["stage"]: r for r in json.loads(out.read_text())["rows"]}
-    expected = {"ingest", "extract", "diagnose", "e2e", "single", "single_cli", "service", "python_loop"}
+    expected = {"ingest", "extract", "diagnose", "e2e", "single", "single_cli", "service", "python_loop", "metrics"}
     if shutil.which("rg"):
         expected |= {"ripgrep", "ripgrep_unicode"}
     assert expected <= set(rows), set(rows)
@@ -39,6 +39,7 @@ def test_bench_smoke(tmp_path):
         assert r["vs_py"] > 0
     assert rows["diagnose"]["diagnoses"] == 40
     assert rows["extract"]["symptoms"] > 0
+    assert rows["metrics"]["lines"] > 1_000_000 and rows["metrics"]["symptoms"] > 0  # a fleet day of samples
     assert rows["single"]["lines"] == 20_000 and rows["single"]["outcome"] != "healthy"
     svc = rows["service"]  # the same job through a real `faultline serve`: same verdict as in-process
     assert svc["median_s"] > 0 and len(svc["runs_s"]) >= 20 and svc["p95_s"] >= svc["median_s"]

@@ -6,6 +6,7 @@ either runs sacct or reads saved output (the simulator writes the same text).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from datetime import datetime, timezone
@@ -127,24 +128,67 @@ def parse_sacct(text: str, cluster: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     return jobs.cast(TABLES["jobs"]), allocations.cast(TABLES["allocations"])
 
 
-def run_sacct(start: datetime, end: datetime, sacct: str = "sacct", timeout: float = 120) -> str:
-    """Jobs that ended in [start, end) on this cluster, from the real sacct."""
-    fmt = "%Y-%m-%dT%H:%M:%S"
-    cmd = [sacct, "-a", "-P", "-X", "-D", f"--format={','.join(SACCT_FIELDS)}", "--state=CA,CD,F,NF,OOM,PR,TO,DL,BF",
-           "-S", start.astimezone(timezone.utc).strftime(fmt), "-E", end.astimezone(timezone.utc).strftime(fmt)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+def run_slurm(cmd: list[str], timeout: float) -> str:
+    """A Slurm command with TZ=UTC (its times are printed in the caller's zone, and read here as UTC;
+    SLURM_TIME_FORMAT left to its ISO default). A failure raises with Slurm's own message."""
+    env = {**os.environ, "TZ": "UTC"}
+    env.pop("SLURM_TIME_FORMAT", None)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     if out.returncode != 0:
-        raise RuntimeError(f"sacct failed ({out.returncode}): {out.stderr.strip()[:300]}")
+        raise RuntimeError(f"{Path(cmd[0]).name} failed ({out.returncode}): {out.stderr.strip()[:300]}")
     return out.stdout
+
+
+def run_sacct(start: datetime, end: datetime, sacct: str = "sacct", timeout: float = 120) -> str:
+    """Jobs that ended in [start, end) on this cluster, from the real sacct. Text, not `--json`: on 22.05
+    the JSON can report exit code 0 for a failed job; the state and the text's ExitCode are right."""
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    return run_slurm([sacct, "-a", "-P", "-X", "-D", f"--format={','.join(SACCT_FIELDS)}",
+                      "--state=CA,CD,F,NF,OOM,PR,TO,DL,BF",
+                      "-S", start.astimezone(timezone.utc).strftime(fmt),
+                      "-E", end.astimezone(timezone.utc).strftime(fmt)], timeout)
 
 
 def run_sacct_job(job_id: str, sacct: str = "sacct", timeout: float = 60) -> str:
     """One job's allocation rows (all attempts) from the real sacct."""
-    cmd = [sacct, "-P", "-X", "-D", f"--format={','.join(SACCT_FIELDS)}", "-j", job_id]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"sacct failed ({out.returncode}): {out.stderr.strip()[:300]}")
-    return out.stdout
+    return run_slurm([sacct, "-P", "-X", "-D", f"--format={','.join(SACCT_FIELDS)}", "-j", job_id], timeout)
+
+
+# ------------------------------------------------------------------ node state: drains, downs, fails
+SINFO_REASONS_FORMAT = "%N|%T|%H|%U|%E"
+NODE_EVENTS_SCHEMA = {"cluster": pl.String, "node": pl.String, "ts": pl.Datetime("us", "UTC"), "kind": pl.String,
+                      "reason": pl.String}
+
+
+def run_sinfo_reasons(sinfo: str = "sinfo", timeout: float = 60) -> str:
+    """`sinfo -R`: every node that is down, drained, draining or failing, with why, who and since when."""
+    return run_slurm([sinfo, "-R", "-N", "-h", "-o", SINFO_REASONS_FORMAT], timeout)
+
+
+def node_event_kind(state: str) -> str:
+    """sinfo's state word -> node_events.kind: drain (drained/draining), node_fail (down, fail, failing,
+    not responding), else the state itself."""
+    s = state.lower().rstrip("*~#!%$@^-")
+    if s.startswith("drain") or s == "drng":
+        return "drain"
+    if s.startswith(("down", "fail", "not_responding", "no_respond")):
+        return "node_fail"
+    return s
+
+
+def parse_sinfo_reasons(text: str, cluster: str) -> pl.DataFrame:
+    """`sinfo -R -N -h -o '%N|%T|%H|%U|%E'` text -> node_events rows (one per node and reason)."""
+    rows = []
+    for ln in text.splitlines():
+        parts = ln.split("|", 4)
+        if len(parts) != 5 or not parts[0].strip():
+            continue
+        nodes, state, when, user, reason = (p.strip() for p in parts)
+        for node in expand_hostlist(nodes):
+            rows.append({"cluster": cluster, "node": node, "ts": when, "kind": node_event_kind(state),
+                         "reason": f"{reason} [{user}]" if user and user not in ("(null)", "Unknown") else reason})
+    frame = pl.DataFrame(rows, schema={**NODE_EVENTS_SCHEMA, "ts": pl.String})
+    return frame.with_columns(ts=_ts("ts")).cast(NODE_EVENTS_SCHEMA)
 
 
 def read_sacct_files(root: Path, cluster: str, days: list[str]) -> str:
@@ -156,3 +200,19 @@ def read_sacct_files(root: Path, cluster: str, days: list[str]) -> str:
             lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
             texts.append(lines if not texts else lines[1:])  # one header
     return "\n".join(line for chunk in texts for line in chunk)
+
+
+def read_node_event_files(root: Path, cluster: str, days: list[str]) -> pl.DataFrame:
+    """Saved node events (`<root>/<cluster>/node_events/<day>.jsonl`, {node, ts, kind, reason} per line)."""
+    parts = []
+    for day in days:
+        p = root / cluster / "node_events" / f"{day}.jsonl"
+        if p.is_file() and p.stat().st_size:
+            parts.append(pl.read_ndjson(p, schema={"node": pl.String, "ts": pl.String, "kind": pl.String,
+                                                   "reason": pl.String}))
+    if not parts:
+        return pl.DataFrame(schema=NODE_EVENTS_SCHEMA)
+    return pl.concat(parts).select(
+        cluster=pl.lit(cluster), node="node",
+        ts=pl.col("ts").str.replace(r"Z$", "+00:00").str.to_datetime(time_unit="us", time_zone="UTC", strict=False),
+        kind="kind", reason="reason").cast(NODE_EVENTS_SCHEMA)

@@ -3,13 +3,14 @@ parsed and written to the warehouse with a coverage record per job and source.""
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import polars as pl
 
-from faultline.collectors import loki, slurm
+from faultline.collectors import loki, prometheus, slurm, slurmrestd
 from faultline.fleet import loki_jobs
 from faultline.fleet.config import ClusterConfig
 from faultline.logparse import identity_exprs
@@ -27,6 +28,8 @@ class Collected:
     logs: pl.DataFrame
     coverage: pl.DataFrame
     errors: list[str]
+    metrics: pl.DataFrame | None = None  # samples of the failed jobs' nodes (metrics: {kind: prometheus})
+    node_events: pl.DataFrame | None = None  # drains, downs, fails (sinfo -R, or saved node_events files)
 
 
 def days_between(start: datetime, end: datetime) -> list[str]:
@@ -43,32 +46,17 @@ def scheduler_jobs(cluster: ClusterConfig, start: datetime, end: datetime) -> tu
     attempt must be among them (else attempt 1 would read as attempt 0, a second row for one key)."""
     kind = cluster.scheduler["kind"]
     since = start - timedelta(days=REQUEUE_DAYS)
-    if kind == "sacct_files":
-        text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(since, end))
+    if kind == "slurmrestd":
+        jobs, allocs = slurmrestd.fetch_jobs(cluster.scheduler, cluster.name, since, end)
     else:
-        text = slurm.run_sacct(since, end, cluster.scheduler.get("command", "sacct"))
-    jobs, allocs = slurm.parse_sacct(text, cluster.name)
+        if kind == "sacct_files":
+            text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(since, end))
+        else:
+            text = slurm.run_sacct(since, end, cluster.scheduler.get("command", "sacct"))
+        jobs, allocs = slurm.parse_sacct(text, cluster.name)
     jobs = jobs.filter((pl.col("end_time") >= start) & (pl.col("end_time") < end))
     allocs = allocs.join(jobs.select(JOB_KEY), on=JOB_KEY, how="semi")
     return jobs, allocs
-
-
-def node_events(cluster: ClusterConfig, start: datetime, end: datetime) -> pl.DataFrame:
-    """Node events (drain, node_fail, not_ready, resume) of [start, end) from the saved exports,
-    `<path>/<cluster>/node_events/<day>.jsonl` lines {"node", "ts", "kind", "reason"}."""
-    schema = {"cluster": pl.String, "node": pl.String, "ts": pl.Datetime("us", "UTC"), "kind": pl.String,
-              "reason": pl.String}
-    if cluster.node_events is None:
-        return pl.DataFrame(schema=schema)
-    root = Path(cluster.node_events["path"]) / cluster.name / "node_events"
-    parts = [pl.read_ndjson(root / f"{d}.jsonl", schema={"node": pl.String, "ts": pl.String, "kind": pl.String,
-                                                           "reason": pl.String})
-             for d in days_between(start, end) if (root / f"{d}.jsonl").is_file()]
-    if not parts:
-        return pl.DataFrame(schema=schema)
-    ev = pl.concat(parts).with_columns(cluster=pl.lit(cluster.name), ts=pl.col("ts").str.to_datetime(
-        time_unit="us", time_zone="UTC", strict=False))
-    return ev.filter((pl.col("ts") >= start) & (pl.col("ts") < end)).select(list(schema))
 
 
 def fetch_logs(cluster: ClusterConfig, failed: pl.DataFrame,
@@ -163,7 +151,53 @@ def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, marg
         raw, notes = fetch_logs(cluster, failed.clear())
     logs = parse_logs(raw)
     coverage = coverage_rows(cluster, failed, logs, errors, notes)
-    return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()] + job_errors(notes))
+    samples, metric_cov = fetch_metrics(cluster, failed, margin_minutes)
+    coverage = pl.concat([coverage, metric_cov.cast(coverage.schema)]) if metric_cov.height else coverage
+    try:
+        events = node_events(cluster, start, end)
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError, pl.exceptions.PolarsError) as exc:
+        errors["node_events"] = f"{type(exc).__name__}: {exc}"[:300]
+        events = pl.DataFrame(schema=slurm.NODE_EVENTS_SCHEMA)
+    return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()] + job_errors(notes)
+                     + metric_errors(metric_cov), samples, events)
+
+
+def node_events(cluster: ClusterConfig, start: datetime, end: datetime) -> pl.DataFrame:
+    """Node drains, downs and fails: from `sinfo -R` (the reasons standing now, with the time each was set:
+    kept if set before the window's end) for a live Slurm, or from saved files. `node_events: false` in the
+    scheduler section turns it off; a `node_events: {kind: jsonl_files, path}` entry of the cluster names the
+    saved files instead."""
+    sched = cluster.scheduler
+    if cluster.node_events is not None:  # saved exports named in the cluster's own `node_events:` entry
+        events = slurm.read_node_event_files(Path(cluster.node_events["path"]), cluster.name, days_between(start, end))
+        return events.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
+    if sched.get("node_events") is False:
+        return pl.DataFrame(schema=slurm.NODE_EVENTS_SCHEMA)
+    if sched["kind"] == "slurmrestd":
+        events = slurmrestd.fetch_node_events(sched, cluster.name)
+        return events.filter(pl.col("ts").is_null() | (pl.col("ts") < end))
+    if sched["kind"] == "sacct_files":
+        events = slurm.read_node_event_files(Path(sched["path"]), cluster.name, days_between(start, end))
+        return events.filter((pl.col("ts") >= start) & (pl.col("ts") < end))
+    command = sched.get("command", "sacct")
+    sinfo = sched.get("sinfo") or (str(Path(command).with_name("sinfo")) if "/" in command else "sinfo")
+    events = slurm.parse_sinfo_reasons(slurm.run_sinfo_reasons(sinfo), cluster.name)
+    return events.filter(pl.col("ts").is_null() | (pl.col("ts") < end))
+
+
+def fetch_metrics(cluster: ClusterConfig, failed: pl.DataFrame,
+                  margin_minutes: float = 15) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Samples of the failed jobs' nodes over their windows and a `metrics` coverage row per job (none when
+    no live metrics source is configured). Failures stay per job: a coverage error with the reason."""
+    if cluster.metrics is None or cluster.metrics.get("kind") != "prometheus" or failed.height == 0:
+        return pl.DataFrame(schema=TABLES["metrics"]), pl.DataFrame(schema=prometheus.COVERAGE_SCHEMA)
+    return prometheus.fetch(cluster.metrics, cluster.name, failed, margin_minutes)
+
+
+def metric_errors(coverage: pl.DataFrame, show: int = 5) -> list[str]:
+    bad = coverage.filter(pl.col("status") == "error")
+    out = [f"metrics of job {r['job_id']}.{r['attempt']}: {r['reason']}" for r in bad.head(show).iter_rows(named=True)]
+    return out + ([f"... and {bad.height - show} more job(s) whose metrics failed"] if bad.height > show else [])
 
 
 def job_errors(notes: pl.DataFrame, show: int = 5) -> list[str]:

@@ -12,8 +12,22 @@ clusters:
   - name: alpha
     scheduler: {kind: sacct_files, path: /sim}     # or {kind: sacct} to run sacct on this host
     logs: {kind: loki_files, path: /sim}           # saved Loki query_range responses, one per line
-    metrics: {kind: parquet_files, path: /sim}     # optional
+    metrics: {kind: parquet_files, path: /sim}     # optional (accepted; not read yet)
     node_events: {kind: jsonl_files, path: /sim}   # optional: <path>/<cluster>/node_events/<day>.jsonl
+  - name: charlie
+    scheduler:                                     # Slurm's REST API with a JWT (docs/fleet.md "Slurm")
+      kind: slurmrestd
+      url: http://slurmrestd.example.internal:6820
+      token_env: SLURM_JWT                         # the NAME of the variable holding `scontrol token` output
+      user_name: faultline                         # X-SLURM-USER-NAME
+      api_version: v0.0.38                         # Slurm 22.05
+    metrics:                                       # a live Prometheus, asked job by job (docs/fleet.md)
+      kind: prometheus
+      url: http://prometheus.example.internal:9090
+      node_label: instance                         # label naming the node (host or host:port)
+      # queries: [DCGM_FI_DEV_XID_ERRORS, 'up{job="node"}', {name: x, query: 'max by (instance) (x{$node_matcher})'}]
+      step_s: 30                                   # query_range resolution
+      max_points: 11000                            # per series and request (Prometheus's own limit)
   - name: bravo
     scheduler: {kind: sacct}
     logs:                                          # a live Loki, asked job by job (docs/fleet.md "Live Loki")
@@ -45,10 +59,12 @@ from pathlib import Path
 import yaml
 
 from faultline.collectors.loki import LokiSettings
+from faultline.collectors.prometheus import PrometheusSettings
+from faultline.collectors.slurmrestd import SlurmRestSettings
 
-SCHEDULER_KINDS = ("sacct_files", "sacct")
+SCHEDULER_KINDS = ("sacct_files", "sacct", "slurmrestd")
 LOG_KINDS = ("loki_files", "loki")
-METRIC_KINDS = ("parquet_files",)
+METRIC_KINDS = ("parquet_files", "prometheus")
 NODE_EVENT_KINDS = ("jsonl_files",)
 
 
@@ -98,6 +114,16 @@ def _check(kind_of: str, section: dict | None, kinds: tuple[str, ...], where: st
             LokiSettings.from_config(section)
         except ValueError as exc:
             raise ConfigError(f"{where}: {kind_of} (kind loki): {exc}") from None
+    elif section["kind"] == "slurmrestd":
+        try:
+            SlurmRestSettings.from_config(section)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {kind_of} (kind slurmrestd): {exc}") from None
+    elif section["kind"] == "prometheus":
+        try:
+            PrometheusSettings.from_config(section)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {kind_of} (kind prometheus): {exc}") from None
     elif section["kind"].endswith("_files") and not section.get("path"):
         raise ConfigError(f"{where}: {kind_of}.path is required for kind {section['kind']}")
 

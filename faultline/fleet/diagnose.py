@@ -12,6 +12,7 @@ from faultline.pipeline import Evidence, Result, run_engine
 from faultline.rules.decide import DecideConfig
 from faultline.logparse import PROGRESS, detail_exprs
 from faultline.rules.extract import extract_logs, prefilter_expr, prefilter_literals
+from faultline.rules.metric import extract_metrics
 from faultline.rules.model import Ruleset
 from faultline.rules.report import ReportConfig
 from faultline.taxonomy import FAILED_STATES
@@ -26,7 +27,7 @@ def with_line_details(lines: pl.DataFrame, year: int) -> pl.DataFrame:
 
 
 def evidence_from_tables(jobs: pl.DataFrame, logs: pl.DataFrame, coverage: pl.DataFrame,
-                         ruleset: Ruleset) -> Evidence:
+                         ruleset: Ruleset, metrics: pl.DataFrame | None = None) -> Evidence:
     """Failed jobs with their lines and coverage -> the engine's evidence (extract runs here)."""
     failed = jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
     logs = logs.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi")
@@ -35,6 +36,8 @@ def evidence_from_tables(jobs: pl.DataFrame, logs: pl.DataFrame, coverage: pl.Da
     candidates = logs.filter(prefilter_expr(literals))
     year = int(failed["end_time"].dt.year().max() or 1970)
     symptoms = extract_logs(with_line_details(candidates, year), ruleset, literals)
+    if metrics is not None and metrics.height:  # metric rules: symptoms of the same shape, decided alike
+        symptoms = pl.concat([symptoms, extract_metrics(metrics, failed, ruleset)])
     cov = coverage.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi").select(
         *JOB_KEY, "source", "status", "rows", "reason")
     progress = (logs.filter(pl.col("line").str.contains(PROGRESS))
@@ -75,9 +78,11 @@ def symptoms_frame(result: Result, ruleset_version: str) -> pl.DataFrame:
 
 
 def diagnose_tables(jobs: pl.DataFrame, logs: pl.DataFrame, coverage: pl.DataFrame, ruleset: Ruleset,
-                    max_drain: int = 2, diagnosed_at: datetime | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(diagnoses, symptoms) for every failed job in `jobs`."""
-    ev = evidence_from_tables(jobs, logs, coverage, ruleset)
+                    max_drain: int = 2, diagnosed_at: datetime | None = None,
+                    metrics: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(diagnoses, symptoms) for every failed job in `jobs`; `metrics` (the metrics table's rows of their
+    nodes) feeds the metric rules."""
+    ev = evidence_from_tables(jobs, logs, coverage, ruleset, metrics)
     at = diagnosed_at.strftime("%Y-%m-%dT%H:%M:%SZ") if diagnosed_at else None
     result = run_engine(ev, ruleset, DecideConfig(), ReportConfig(max_drain=max_drain), at)
     return diagnoses_frame(result, jobs, ruleset.version), symptoms_frame(result, ruleset.version)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import polars as pl
 
-from faultline.collectors import slurm
-from faultline.fleet.collect import coverage_rows, fetch_logs, parse_logs, with_job_date
+from faultline.collectors import slurm, slurmrestd
+from faultline.fleet.collect import coverage_rows, fetch_logs, fetch_metrics, parse_logs, with_job_date
 from faultline.fleet.config import ClusterConfig, FleetConfig
 from faultline.fleet.diagnose import diagnose_tables
 from faultline.fleet.watermark import SOURCE, unique_batch
@@ -37,9 +37,13 @@ def find_job(cluster: ClusterConfig, job_id: str) -> tuple[pl.DataFrame, pl.Data
         root = Path(cluster.scheduler["path"]) / cluster.name / "sacct"
         days = sorted(p.stem for p in root.glob("*.txt"))
         text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days)
+    elif cluster.scheduler["kind"] == "slurmrestd":
+        text = None
+        jobs, allocs = slurmrestd.fetch_job(cluster.scheduler, cluster.name, job_id)
     else:
         text = slurm.run_sacct_job(job_id, cluster.scheduler.get("command", "sacct"))
-    jobs, allocs = slurm.parse_sacct(text, cluster.name)
+    if text is not None:
+        jobs, allocs = slurm.parse_sacct(text, cluster.name)
     jobs = jobs.filter(pl.col("job_id") == job_id)
     if jobs.height == 0:
         raise JobNotFound(f"job {job_id} not found on cluster {cluster.name}")
@@ -64,10 +68,12 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
         raw, notes = fetch_logs(cluster, jobs.clear())
     logs = parse_logs(raw)
     coverage = coverage_rows(cluster, jobs, logs, errors, notes)
+    samples, metric_cov = fetch_metrics(cluster, jobs, cfg.margin_minutes)
+    coverage = pl.concat([coverage, metric_cov.cast(coverage.schema)]) if metric_cov.height else coverage
     wh = Warehouse(cfg.warehouse_dir)
     batch = unique_batch("job", cluster_name, job_id)
     diagnoses, symptoms = diagnose_tables(jobs.with_columns(_batch=pl.lit(batch)), logs, coverage, ruleset,
-                                          cfg.max_drain)
+                                          cfg.max_drain, metrics=samples)
     dated = lambda f: with_job_date(f, jobs)  # noqa: E731
     failed = int(jobs.filter(pl.col("state").is_in(list(FAILED_STATES))).height)
     # one transaction: the job's rows and its verdict appear together; the commit covers itself, so the
@@ -79,6 +85,8 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
         tx.write("allocations", dated(allocs))
         tx.write("logs", dated(logs))
         tx.write("coverage", dated(coverage))
+        if samples.height:
+            tx.write("metrics", samples.with_columns(date=pl.col("ts").dt.date()))
         tx.write("diagnoses", dated(diagnoses))
         tx.write("symptoms", dated(symptoms))
     if diagnoses.height == 0:  # the job did not fail: say so rather than invent a verdict

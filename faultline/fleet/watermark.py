@@ -26,12 +26,12 @@ from datetime import date, datetime, timedelta, timezone
 import polars as pl
 
 from faultline.fleet import crashpoints
-from faultline.fleet.collect import LOG_SOURCES, collect_cluster, node_events, with_job_date
+from faultline.fleet.collect import LOG_SOURCES, collect_cluster, with_job_date
 from faultline.fleet.config import FleetConfig
 from faultline.fleet.diagnose import diagnose_tables
 from faultline.rules.model import Ruleset
 from faultline.taxonomy import FAILED_STATES
-from faultline.warehouse.schema import JOB_KEY
+from faultline.warehouse.schema import JOB_KEY, TABLES
 from faultline.warehouse.store import Warehouse
 
 SOURCE = "scheduler"
@@ -125,7 +125,8 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
         if advances:
             reach = b if hold is None else min(b, hold)
             new_cursor = reach if cur is None else max(cur, reach)
-        events = node_events(ccfg, a, b)
+        events = got.node_events if got.node_events is not None else pl.DataFrame(schema=TABLES["node_events"])
+        events = events.filter(pl.col("ts").is_not_null())
         if events.height:  # the ones not committed yet
             seen = wh.read_window("node_events", a, b - timedelta(microseconds=1), [cluster_name],
                                   columns=["cluster", "node", "ts", "kind"])
@@ -146,6 +147,9 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
             crashpoints.point("collect.coverage")
             if events.height:
                 tx.write("node_events", events.with_columns(date=pl.col("ts").dt.date()))
+            if got.metrics is not None and got.metrics.height:  # partitioned by the sample's own day
+                out["metrics"] = out.get("metrics", 0) + tx.write(
+                    "metrics", got.metrics.with_columns(date=pl.col("ts").dt.date()))
         crashpoints.point("collect.committed")
         cur = new_cursor
         out["jobs"] += got.jobs.height
@@ -156,6 +160,17 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
 
 
 # ------------------------------------------------------------------ diagnose
+def job_metrics(wh: Warehouse, cluster: str, jobs: pl.DataFrame, day: date) -> pl.DataFrame:
+    """The metrics rows of these jobs' nodes: a job that ended `day` may have started days before, so its
+    samples lie in those days' partitions too."""
+    first = jobs["start_time"].min() if "start_time" in jobs.columns else None
+    nodes = jobs["nodes"].explode().drop_nulls().unique().to_list() if "nodes" in jobs.columns else []
+    if not nodes:
+        return pl.DataFrame(schema=TABLES["metrics"])
+    since = (first.date() if first else day) - timedelta(days=1)
+    return wh.read_window("metrics", since, day, [cluster]).filter(pl.col("node").is_in(nodes))
+
+
 
 def _current_rows(wh: Warehouse, cluster: str, jobs: pl.DataFrame) -> pl.DataFrame:
     """`jobs` (with _batch) kept only where their row is the newest committed one of the job."""
@@ -215,7 +230,8 @@ def diagnose_jobs(cfg: FleetConfig, wh: Warehouse, cluster: str, jobs: pl.DataFr
             read = lambda t: wh.read_window(t, day, day, [cluster], batches=set(keys["_batch"].to_list())).join(  # noqa: E731
                 keys, on=[*JOB_KEY, "_batch"], how="semi")
             logs, coverage = read("logs"), read("coverage")
-            diagnoses, symptoms = diagnose_tables(mine, logs, coverage, ruleset, cfg.max_drain)
+            diagnoses, symptoms = diagnose_tables(mine, logs, coverage, ruleset, cfg.max_drain,
+                                                  metrics=job_metrics(wh, cluster, mine, day))
             dated = mine.select(*JOB_KEY, "date")
             tx.info.update(jobs=diagnoses.height, failed=diagnoses.height)
             tx.write("diagnoses", diagnoses.join(dated, on=JOB_KEY))

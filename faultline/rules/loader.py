@@ -104,9 +104,13 @@ class _Builder:
         match = raw.get("match") or {}
         log = self._log_match(match.get("log"), where) if "log" in match else None
         job = self._job_match(match.get("job"), where) if "job" in match else None
-        if log is None and job is None:
-            self.bad(where, "'match' needs 'log' or 'job'")
-        captures = log.captures if log else ()
+        metric = None
+        if "metric" in match:  # samples of the metrics table (faultline.rules.metric)
+            from faultline.rules import metric as metric_rules
+            metric = metric_rules.parse_match(match.get("metric"), where, self.bad)
+        if log is None and job is None and metric is None:
+            self.bad(where, "'match' needs 'log', 'job' or 'metric'")
+        captures = log.captures if log else metric_rules.CAPTURES if metric else ()
 
         lookup = self._lookup(raw.get("lookup"), captures, path, where) if raw.get("lookup") else None
         emits = self._emits(raw.get("emits") or {}, captures, where)
@@ -128,11 +132,16 @@ class _Builder:
             self.bad(where, "recoverable is true or false")
 
         tests = raw.get("tests") or {}
-        t_match = tuple(self._test(t, where) for t in tests.get("match") or ())
-        t_no = tuple(self._test(t, where) for t in tests.get("no_match") or ())
+        if metric is not None:  # promtool-style cases: input series, the expected symptom, its absence
+            t_match, t_no = (tuple(RuleTest(line="", where=where, metric=c) for c in
+                                   (metric_rules.parse_test(t, where, self.bad) for t in tests.get(k) or ()) if c)
+                             for k in ("match", "no_match"))
+        else:
+            t_match = tuple(self._test(t, where) for t in tests.get("match") or ())
+            t_no = tuple(self._test(t, where) for t in tests.get("no_match") or ())
         if not t_match:
             self.bad(where, "rule has no tests: add tests.match (and tests.no_match) lines")
-        if any((t.job is None) != (job is None) for t in t_match + t_no):
+        if metric is None and any((t.job is None) != (job is None) for t in t_match + t_no):
             self.bad(where, "tests of a log rule are lines; tests of a job rule are `job: {state, exit_code, signal}`")
         if log is not None:
             for t in t_match:
@@ -141,7 +150,7 @@ class _Builder:
         return Rule(
             id=rid, title=str(raw.get("title", "")).strip(), status=status,
             description=" ".join(str(raw.get("description", "")).split()),
-            pack=pack, path=str(path), emits=emits, log=log, job=job,
+            pack=pack, path=str(path), emits=emits, log=log, job=job, metric=metric,
             references=tuple(str(r) for r in _as_tuple(raw.get("references"))),
             priority=priority, supersedes=tuple(str(s) for s in _as_tuple(raw.get("supersedes"))),
             supersedes_within=within, recoverable=bool(raw.get("recoverable", False)),

@@ -26,6 +26,22 @@ class JobMatch:
 
 
 @dataclass(frozen=True)
+class MetricMatch:
+    """Match samples of one metric (faultline.rules.metric): kind rise | above | below | outlier."""
+
+    name: str
+    kind: str
+    min_increase: float = 1.0
+    threshold: float | None = None
+    for_s: float = 0.0
+    stat: str = "increase"
+    factor: float = 3.0
+    min_value: float = 1.0
+    min_nodes: int = 3
+    labels: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Emits:
     symptom: str
     role: str
@@ -54,6 +70,7 @@ class RuleTest:
     source: str = "applog"
     where: str = ""
     job: dict | None = None  # for scheduler-state rules: state, exit_code, signal of a job attempt
+    metric: dict | None = None  # for metric rules: series, interval, start, end, expect (rules.metric.parse_test)
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,7 @@ class Rule:
     emits: Emits
     log: LogMatch | None = None
     job: JobMatch | None = None
+    metric: MetricMatch | None = None
     references: tuple[str, ...] = ()
     priority: int = 50
     supersedes: tuple[str, ...] = ()
@@ -92,6 +110,10 @@ class Ruleset:
     @cached_property
     def log_rules(self) -> tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.log is not None and r.status != "deprecated")
+
+    @cached_property
+    def metric_rules(self) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if r.metric is not None and r.status != "deprecated")
 
     @cached_property
     def job_rules(self) -> tuple[Rule, ...]:

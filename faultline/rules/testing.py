@@ -67,9 +67,12 @@ def run_job_rule_tests(ruleset: Ruleset, only: str | None = None) -> tuple[int, 
 
 def run_rule_tests(ruleset: Ruleset, only: str | None = None) -> tuple[int, list[TestFailure]]:
     """Return (number of test cases, failures) over log rules and scheduler-state rules."""
+    from faultline.rules.metric import run_metric_rule_tests
+
     n_jobs, job_failures = run_job_rule_tests(ruleset, only)
     n_logs, log_failures = _run_log_rule_tests(ruleset, only)
-    return n_jobs + n_logs, job_failures + log_failures
+    n_metrics, metric_failures = run_metric_rule_tests(ruleset, only)
+    return n_jobs + n_logs + n_metrics, job_failures + log_failures + metric_failures
 
 
 def _run_log_rule_tests(ruleset: Ruleset, only: str | None = None) -> tuple[int, list[TestFailure]]:

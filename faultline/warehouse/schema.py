@@ -91,7 +91,7 @@ KEYS: dict[str, list[str] | None] = {
     "jobs": JOB_KEY,
     "allocations": [*JOB_KEY, "node"],
     "logs": [*JOB_KEY, "file", "seq"],
-    "metrics": ["cluster", "node", "gpu", "name", "ts"],
+    "metrics": ["cluster", "node", "gpu", "name", "labels", "ts"],  # labels: an IB port, an exporter job
     "node_events": ["cluster", "node", "ts", "kind"],
     "coverage": [*JOB_KEY, "source"],
     "symptoms": [*JOB_KEY, "ruleset", "file", "seq", "rule_id"],
