@@ -16,7 +16,7 @@ Three kinds, each evaluated per series (job x node x GPU x metric x labels) insi
 A hit becomes a symptom row of exactly the shape log rules give (SYMPTOM_SCHEMA): source `metrics`,
 file `metric:<rule>:<node>:<gpu>:<series>`, seq the sample's epoch second, and a readable `line`,
 so filter, refine and decide treat it as any other evidence. Captures: metric, value, prev,
-increase, code (the value as an integer, e.g. the Xid), pci, gpu, median, threshold.
+increase, code (the value as an integer, e.g. the Xid), gpu_pci, gpu, median, threshold.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from faultline.rules.model import MetricMatch, Rule, Ruleset
 
 KINDS = ("rise", "above", "below", "outlier")
 STATS = ("increase", "max", "mean")
-CAPTURES = ("metric", "value", "prev", "increase", "code", "pci", "gpu", "median", "threshold")
+CAPTURES = ("metric", "value", "prev", "increase", "code", "gpu_pci", "gpu", "median", "threshold")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 MARGIN_S = 900   # samples this long before the start are the baseline
@@ -299,7 +299,7 @@ def extract_metrics(metrics: pl.DataFrame | None, jobs: pl.DataFrame, ruleset: R
     hits = hits.with_columns(
         _code=code.cast(pl.String),
         captures=pl.struct(metric=pl.col("name"), value=value, prev=_pretty(pl.col("prev")),
-                           increase=_pretty(pl.col("increase")), code=code, pci=pci, gpu=pl.col("gpu"),
+                           increase=_pretty(pl.col("increase")), code=code, gpu_pci=pci, gpu=pl.col("gpu"),
                            median=_pretty(pl.col("median")), threshold=thr_s).struct.json_encode())
     const = _rule_constants(rules)[hits["_rule"]]
     # Per-rule lookups (the code of a Xid gauge -> what that Xid means), joined row-wise.
