@@ -200,15 +200,20 @@ def cmd_serve(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        app = create_app(Settings.from_args(args))
+        settings = Settings.from_args(args)
+        app = create_app(settings)
     except RulesetError as exc:
         _print_ruleset_problems(exc)
         return 2
     except (ConfigError, ValueError) as exc:
         print(f"faultline: {exc}", file=sys.stderr)
         return 2
-    # The service logs one line per request itself; uvicorn's access log would repeat it.
-    uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="info")
+    from faultline.service.server import uvicorn_config
+
+    config = uvicorn_config(app, settings, host=args.host, port=args.port,
+                            ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key, ssl_ca_certs=args.tls_client_ca,
+                            ssl_client_cert_required=bool(args.tls_client_ca))
+    uvicorn.Server(config).run()
     return 0
 
 
@@ -292,6 +297,21 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--queue-timeout", type=float, default=30,
                      help="seconds a request may wait for a free worker before 503 (default 30)")
     api.add_argument("--tmp-dir", help="where uploaded logs are written while diagnosed (default: system temp)")
+    api.add_argument("--max-json-mb", type=float, default=64, help="largest JSON body in MiB (413 past it; default 64)")
+    api.add_argument("--allowed-host", action="append",
+                     help="a Host header name to answer besides the loopback names (repeatable; '*' for any)")
+    api.add_argument("--allowed-origin", action="append",
+                     help="a browser origin (https://ops.example.org) allowed to send POSTs (repeatable)")
+    api.add_argument("--header-timeout", type=float, default=10, help="seconds to receive a request head (default 10)")
+    api.add_argument("--read-timeout", type=float, default=15,
+                     help="longest pause in seconds between two pieces of a body before 408 (default 15)")
+    api.add_argument("--body-timeout", type=float, default=300,
+                     help="longest time in seconds to receive a whole body before 408 (default 300)")
+    api.add_argument("--keep-alive", type=int, default=5, help="seconds an idle connection is kept (default 5)")
+    api.add_argument("--max-connections", type=int, default=256, help="open connections at once (503 past it)")
+    api.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    api.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    api.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")
     api.add_argument("--rules", action="append", help="extra rule pack folder (repeatable; default: the config's rules)")
     api.add_argument("--no-builtin", action="store_true", help="load only the --rules packs")
     api.set_defaults(func=cmd_serve)

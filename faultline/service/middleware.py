@@ -1,5 +1,16 @@
 """One ASGI layer around the whole app, for what every request shares:
 
+- the Host header must be one the service answers to (loopback names unless configured: a page
+  that rebinds its own DNS name to 127.0.0.1 sends its own name, and gets 400 `invalid_host`);
+- a browser's cross-site write is refused (403 `cross_origin`) before its body is read: a POST that
+  carries an `Origin` (or `Referer`) of another site, or `Sec-Fetch-Site: cross-site|same-site`. Browsers
+  send these; curl, httpx and recovery systems do not, and are unaffected. Same-origin requests (the
+  service's own /docs page) pass;
+- body read timeouts: a pause longer than `read_timeout_s` between two pieces of a body, or a body
+  that takes longer than `body_timeout_s` in all, gets 408 and the connection is closed. A body is
+  read before a diagnosis worker is taken, so a slow client never holds a worker;
+- a client that goes away mid-request is logged as `client disconnected` (status 499 in the log
+  line), not as a server error;
 - the request body limit: a declared Content-Length over it is refused, an undeclared (chunked) body
   is counted as it streams; either way 413 in the API's error shape. Before the 413 goes out, the rest
   of the body is read and dropped (within DRAIN_BYTES / DRAIN_SECONDS): a client that sends its whole
@@ -17,7 +28,10 @@ import json
 import logging
 import time
 
+from urllib.parse import urlsplit
+
 import anyio
+from starlette.requests import ClientDisconnect
 
 from faultline.service.errors import error_body
 
@@ -25,6 +39,14 @@ log = logging.getLogger("faultline.service")
 RULESET_HEADER = "x-faultline-ruleset"
 DRAIN_BYTES = 1 << 30
 DRAIN_SECONDS = 10.0
+
+
+class BodyTimeout(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the request was read."""
 
 
 class BodyTooLarge(Exception):
@@ -66,17 +88,59 @@ async def drain(receive) -> None:
                 return
 
 
+UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for k, v in headers:
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+def origin_of(url: str) -> str:
+    """`https://Example.org:8443/x` -> `https://example.org:8443` (scheme://host[:port], lower case)."""
+    parts = urlsplit(url.strip())
+    if not parts.scheme or not parts.netloc:
+        return url.strip().lower()
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
+
+
+def cross_site(headers: list[tuple[bytes, bytes]], scheme: str, allowed: tuple[str, ...]) -> str | None:
+    """Why a write request is a browser's cross-site request (None when it is not)."""
+    host = (header(headers, b"host") or "").strip().lower()
+    own = f"{scheme}://{host}"
+    ok = {own, *(origin_of(o) for o in allowed)}
+    origin = header(headers, b"origin")
+    if origin is not None:
+        if origin_of(origin) not in ok:  # includes `Origin: null` (sandboxed frames, file://)
+            return f"Origin {origin[:100]!r} is not this service ({own}); allow it with --allowed-origin"
+        return None
+    fetch_site = (header(headers, b"sec-fetch-site") or "").strip().lower()
+    if fetch_site in ("cross-site", "same-site"):
+        return f"Sec-Fetch-Site: {fetch_site}: a page of another site sent this request"
+    referer = header(headers, b"referer")
+    if referer and origin_of(referer) not in ok:
+        return f"Referer of another site ({origin_of(referer)[:100]!r})"
+    return None
+
+
 class ServiceMiddleware:
-    def __init__(self, app, max_body: int, ruleset_version: str):
+    def __init__(self, app, max_body: int, ruleset_version: str, settings=None):
+        from faultline.service.settings import Settings
+
         self.app, self.max_body, self.version = app, max_body, ruleset_version
+        self.settings = settings if settings is not None else Settings()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        state = {"status": None, "started": False, "received": 0}
+        state = {"status": None, "started": False, "received": 0, "done": False}
         version = self.version.encode()
+        cfg = self.settings
+        deadline = time.monotonic() + cfg.body_timeout_s
 
         async def send_wrapped(message):
             if message["type"] == "http.response.start":
@@ -85,11 +149,20 @@ class ServiceMiddleware:
             await send(message)
 
         async def receive_limited():
-            message = await receive()
+            if state["done"]:  # the body is complete: what follows is a wait for disconnect; no timeout
+                return await receive()
+            wait = min(cfg.read_timeout_s, deadline - time.monotonic())
+            try:
+                with anyio.fail_after(max(wait, 0.001)):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimeout() from None
             if message["type"] == "http.request":
                 state["received"] += len(message.get("body", b""))
                 if state["received"] > self.max_body:
                     raise BodyTooLarge(self.max_body)
+                if not message.get("more_body", False):
+                    state["done"] = True
             return message
 
         async def answer(status: int, error: str, detail: str) -> None:
@@ -102,7 +175,15 @@ class ServiceMiddleware:
         headers = scope.get("headers", [])
         try:
             n = declared_length(headers)
-            if n == -1:
+            host = header(headers, b"host")
+            why = (cross_site(headers, scope.get("scheme", "http"), cfg.allowed_origins)
+                   if scope.get("method") in UNSAFE_METHODS else None)
+            if host is None or not cfg.host_allowed(host):
+                await answer(400, "invalid_host", f"Host {(host or '')[:100]!r} is not a name this service answers "
+                                                  "to; allow it with --allowed-host")
+            elif why:
+                await answer(403, "cross_origin", f"refused a browser's cross-site request: {why}")
+            elif n == -1:
                 await answer(400, "bad_request", "invalid Content-Length header")
             elif n is not None and n > self.max_body:
                 if not expects_continue(headers) and n <= DRAIN_BYTES:
@@ -115,6 +196,14 @@ class ServiceMiddleware:
                 raise
             await drain(receive)
             await answer(413, "payload_too_large", too_large_detail(self.max_body))
+        except BodyTimeout:
+            if state["started"]:
+                raise
+            await answer(408, "request_timeout", f"the request body did not arrive in time (a pause over "
+                                                 f"{cfg.read_timeout_s:g} s, or over {cfg.body_timeout_s:g} s in all)")
+        except (ClientGone, ClientDisconnect):
+            state["status"] = 499
+            log.info("%s %s: client disconnected", scope.get("method"), scope.get("path"))
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if state["started"]:
