@@ -13,12 +13,13 @@ from collections import Counter
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 
+import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Query, Request
 
 from faultline import __version__, taxonomy
 from faultline.rules.model import Ruleset
-from faultline.service import errors
+from faultline.service import errors, v2
 from faultline.service.errors import ApiError, JSONBody
 from faultline.service.inputs import FORM_FIELDS, BadRequest, InlineJob, RefJob, parse_form, parse_json
 from faultline.service.jobs import diagnose_by_reference, diagnose_inline
@@ -81,12 +82,24 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
         log.info("faultline service: ruleset %s (%d rules), %d worker(s), fleet config %s, warehouse %s",
                  ruleset.version, len(ruleset.rules), settings.workers_max,
                  "none (inline diagnosis only)" if fleet is None else fleet.data_dir / "faultline.yaml", warehouse_dir)
-        yield
+        sweeper = anyio.create_task_group()
+        async with sweeper:
+            sweeper.start_soon(_sweep_forever, app)
+            yield
+            sweeper.cancel_scope.cancel()
+        if getattr(app.state, "sessions", None) is not None:
+            app.state.sessions.close()
+            app.state.sessions = None
 
     app = FastAPI(title="faultline", version=__version__, lifespan=lifespan,
                   description="Attribution service: diagnoses failed distributed AI jobs (docs/service.md).")
     app.state.settings, app.state.ruleset, app.state.fleet = settings, ruleset, fleet
     errors.install(app)
+
+    @app.exception_handler(Busy)
+    async def _busy(_: Request, exc: Busy):
+        return errors.error_response(503, "busy", f"{exc}; retry later",
+                                     {"Retry-After": str(max(1, round(exc.waited_s)))})
     app.add_middleware(ServiceMiddleware, max_body=settings.max_body_bytes, ruleset_version=ruleset.version,
                        settings=settings)
 
@@ -114,11 +127,8 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
               responses=error_responses(400, 403, 404, 408, 413, 415, 500, 501, 502, 503),
               summary="Diagnose one job: its logs inline, or by reference to a configured cluster")
     async def diagnose(request: Request):
-        try:
-            async with json_gate(request).hold() as gate:
-                return await _diagnose(request, gate)
-        except Busy as exc:
-            raise ApiError(503, "busy", f"{exc}; retry later", {"Retry-After": str(max(1, round(exc.waited_s)))}) from None
+        async with json_gate(request).hold() as gate:
+            return await _diagnose(request, gate)
 
     async def _diagnose(request: Request, gate: JsonGate.Held):
         try:
@@ -171,6 +181,8 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
         return JSONBody({"ruleset": {"version": ruleset.version}, "count": len(rows), "limit": limit,
                          "diagnoses": rows})
 
+    v2.install(app, settings, data_dir, ruleset, pool, json_gate, read_json_body)
+
     @app.get("/v1/rules", summary="Ruleset version and rules per pack", response_model=RulesOut)
     async def rules():
         return JSONBody(rules_summary(ruleset))
@@ -184,6 +196,20 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
                          "fleet_configured": fleet is not None})
 
     return app
+
+
+async def _sweep_forever(app: FastAPI) -> None:
+    """Expired sessions are deleted every SWEEP_EVERY_S (and on every create)."""
+    while True:
+        await anyio.sleep(v2.SWEEP_EVERY_S)
+        store = getattr(app.state, "sessions", None)
+        if store is not None:
+            try:
+                n = await anyio.to_thread.run_sync(store.sweep)
+                if n:
+                    log.info("swept %d expired session(s)", n)
+            except Exception:
+                log.exception("sweeping expired sessions failed")
 
 
 class JsonGate:

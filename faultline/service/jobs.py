@@ -16,8 +16,8 @@ from pathlib import Path
 
 from faultline.fleet.config import FleetConfig
 from faultline.fleet.single import JobNotFound, SourceError, diagnose_one
-from faultline.pipeline import diagnose_files
 from faultline.rules.model import Ruleset
+from faultline.service.engine import JobMeta, attribute, collect_uploaded_files
 from faultline.service.errors import ApiError
 from faultline.service.inputs import InlineJob, RefJob
 from faultline.service.uploads import BadUpload, write_upload
@@ -37,9 +37,8 @@ def diagnose_inline(job: InlineJob, ruleset: Ruleset, tmp_dir: Path | None = Non
             paths = write_upload(root, job.uploads)
         except BadUpload as exc:
             raise ApiError(400, "invalid_file", str(exc)) from None
-        d = diagnose_files(paths, ruleset, job_id=job.job_id, cluster=job.cluster, state=job.state,
-                           exit_code=job.exit_code)
-        return relativize(d, root)
+        meta = JobMeta(cluster=job.cluster, job_id=job.job_id, state=job.state, exit_code=job.exit_code)
+        return attribute(collect_uploaded_files(root, paths, ruleset, meta), ruleset)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -160,3 +160,58 @@ def drop_phantom_422(schema: dict) -> dict:
     for name in ("HTTPValidationError", "ValidationError"):
         comps.pop(name, None)
     return schema
+
+
+class EvidenceCounts(BaseModel):
+    batches: int
+    lines: int
+    bytes: int | None = None
+
+
+class SessionOut(_Open):
+    session_id: str
+    cluster: str
+    job_id: str
+    attempt: int
+    workload: dict
+    created_at: str
+    updated_at: str
+    expires_at: str
+    final: bool
+    evidence: EvidenceCounts
+    batch_ids: list[str]
+    attributions: int
+
+
+class ObservationAck(_Open):
+    session_id: str
+    batch_id: str
+    stored: bool = Field(description="false when this batch id was already received with the same content (a retry)")
+    duplicate: bool
+    evidence: EvidenceCounts
+
+
+class SessionCoverage(_Open):
+    batches: int
+    lines: int
+    scheduler: str
+    sources: dict[str, str]
+    nodes_without_logs: list[str]
+    ranks_without_logs: list[int]
+    metrics: dict
+    node_events: dict
+    missing: list[str] = Field(description="what the attribution still lacks, in words")
+
+
+class AttributionOut(_Open):
+    session_id: str
+    attribution: int = Field(description="1 for the first attribution of the session, 2 for the next ...")
+    final: bool
+    coverage: SessionCoverage
+    diagnosis: DiagnosisOut
+
+
+class VerdictsOut(BaseModel):
+    session_id: str
+    count: int
+    verdicts: list[AttributionOut]

@@ -37,6 +37,12 @@ class Settings:
     body_timeout_s: float = 300.0     # longest time to receive a whole request body (408 past it)
     keep_alive_s: int = 5             # an idle kept-alive connection is closed after this
     max_connections: int = 256        # open connections and requests at once (503 past it)
+    sessions_db: Path | None = None   # the sessions' DuckDB file (default <data dir>/service/sessions.duckdb)
+    session_ttl_s: float = 24 * 3600  # a session expires this long after its last change
+    max_sessions: int = 1000          # sessions kept at once (429 past it)
+    max_session_lines: int = 2_000_000
+    max_session_mb: float = 256       # log text one session may hold
+    max_session_batches: int = 10_000
 
     def __post_init__(self):
         if self.max_body_mb <= 0:
@@ -78,6 +84,9 @@ class Settings:
         if args.host not in ("0.0.0.0", "::", "") and args.host not in hosts:  # the address it listens on
             hosts += (args.host,)
         return cls(config=Path(args.config) if args.config else None, rules=tuple(args.rules or ()),
+                   sessions_db=Path(args.sessions_db) if args.sessions_db else None,
+                   session_ttl_s=args.session_ttl_hours * 3600, max_sessions=args.max_sessions,
+                   max_session_lines=args.max_session_lines, max_session_mb=args.max_session_mb,
                    builtin=not args.no_builtin, max_body_mb=args.max_body_mb, workers_max=args.workers_max,
                    queue_timeout_s=args.queue_timeout, tmp_dir=Path(args.tmp_dir) if args.tmp_dir else None,
                    max_json_mb=args.max_json_mb, allowed_hosts=hosts, allowed_origins=tuple(args.allowed_origin or ()),
