@@ -217,6 +217,21 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_token(args) -> int:
+    """Make a bearer token: the token once on stdout's first line, then the entry for the tokens file."""
+    from faultline.service.auth import SCOPES, hash_token, new_token
+
+    scopes = [x.strip() for x in args.scopes.split(",") if x.strip()]
+    if not scopes or any(x not in SCOPES for x in scopes):
+        print(f"faultline: --scopes are some of {', '.join(SCOPES)}", file=sys.stderr)
+        return 2
+    token = new_token()
+    print(token)
+    print(f"# add to the tokens file (the token itself is not kept anywhere):\n"
+          f"  - name: {args.name}\n    sha256: {hash_token(token)}\n    scopes: [{', '.join(scopes)}]")
+    return 0
+
+
 def cmd_serve_flows(args) -> int:
     from faultline.flows.env import configure_prefect
 
@@ -309,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="longest time in seconds to receive a whole body before 408 (default 300)")
     api.add_argument("--keep-alive", type=int, default=5, help="seconds an idle connection is kept (default 5)")
     api.add_argument("--max-connections", type=int, default=256, help="open connections at once (503 past it)")
+    api.add_argument("--tokens", help="bearer tokens file (name, sha256, scopes, limits; default $FAULTLINE_TOKENS; "
+                                      "none: no authentication)")
     api.add_argument("--sessions-db", help="DuckDB file of the sessions (default <data dir>/service/sessions.duckdb)")
     api.add_argument("--session-ttl-hours", type=float, default=24, help="a session expires this long after its last change")
     api.add_argument("--max-sessions", type=int, default=1000, help="sessions kept at once (429 past it)")
@@ -320,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--rules", action="append", help="extra rule pack folder (repeatable; default: the config's rules)")
     api.add_argument("--no-builtin", action="store_true", help="load only the --rules packs")
     api.set_defaults(func=cmd_serve)
+
+    tok = sub.add_parser("token", help="make a bearer token for `faultline serve --tokens` (prints it and its hash entry)")
+    tok.add_argument("token_cmd", choices=["new"])
+    tok.add_argument("--name", required=True, help="the name the audit log shows for this token")
+    tok.add_argument("--scopes", default="read,diagnose", help="comma-separated: read, diagnose, admin")
+    tok.set_defaults(func=cmd_token)
 
     sv = sub.add_parser("serve-flows", help="serve the deployments of prefect.yaml (schedules, event trigger)")
     sv.add_argument("--data-dir", default="data")

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Query, Request
 from faultline import __version__, taxonomy
 from faultline.rules.model import Ruleset
 from faultline.service import errors, v2
+from faultline.service.auth import Authenticator, load_tokens
 from faultline.service.errors import ApiError, JSONBody
 from faultline.service.inputs import FORM_FIELDS, BadRequest, InlineJob, RefJob, parse_form, parse_json
 from faultline.service.jobs import diagnose_by_reference, diagnose_inline
@@ -100,8 +101,10 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
     async def _busy(_: Request, exc: Busy):
         return errors.error_response(503, "busy", f"{exc}; retry later",
                                      {"Retry-After": str(max(1, round(exc.waited_s)))})
+    auth = Authenticator(load_tokens(settings.tokens_file))
+    app.state.auth = auth
     app.add_middleware(ServiceMiddleware, max_body=settings.max_body_bytes, ruleset_version=ruleset.version,
-                       settings=settings)
+                       settings=settings, auth=auth)
 
     def openapi():
         if app.openapi_schema is None:
@@ -182,6 +185,12 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
                          "diagnoses": rows})
 
     v2.install(app, settings, data_dir, ruleset, pool, json_gate, read_json_body)
+
+    @app.post("/v2/admin/sweep", tags=["admin"], responses=error_responses(401, 403, 503),
+              summary="Delete expired sessions now (admin scope)")
+    async def sweep(request: Request):
+        store = await v2.open_store(request)
+        return JSONBody({"deleted": await anyio.to_thread.run_sync(store.sweep)})
 
     @app.get("/v1/rules", summary="Ruleset version and rules per pack", response_model=RulesOut)
     async def rules():

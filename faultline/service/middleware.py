@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 
 from urllib.parse import urlsplit
@@ -36,6 +37,7 @@ from starlette.requests import ClientDisconnect
 from faultline.service.errors import error_body
 
 log = logging.getLogger("faultline.service")
+audit = logging.getLogger("faultline.audit")  # one line per request: the token's name (never the token), client
 RULESET_HEADER = "x-faultline-ruleset"
 DRAIN_BYTES = 1 << 30
 DRAIN_SECONDS = 10.0
@@ -126,11 +128,13 @@ def cross_site(headers: list[tuple[bytes, bytes]], scheme: str, allowed: tuple[s
 
 
 class ServiceMiddleware:
-    def __init__(self, app, max_body: int, ruleset_version: str, settings=None):
+    def __init__(self, app, max_body: int, ruleset_version: str, settings=None, auth=None):
+        from faultline.service.auth import Authenticator
         from faultline.service.settings import Settings
 
         self.app, self.max_body, self.version = app, max_body, ruleset_version
         self.settings = settings if settings is not None else Settings()
+        self.auth = auth if auth is not None else Authenticator()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -165,14 +169,15 @@ class ServiceMiddleware:
                     state["done"] = True
             return message
 
-        async def answer(status: int, error: str, detail: str) -> None:
+        async def answer(status: int, error: str, detail: str, extra: tuple = ()) -> None:
             body = json.dumps(error_body(error, detail), separators=(",", ":")).encode()
             await send_wrapped({"type": "http.response.start", "status": status, "headers": [
                 (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close")]})
+                (b"connection", b"close"), *extra]})
             await send_wrapped({"type": "http.response.body", "body": body})
 
         headers = scope.get("headers", [])
+        identity: dict = {"token": None}
         try:
             n = declared_length(headers)
             host = header(headers, b"host")
@@ -183,6 +188,8 @@ class ServiceMiddleware:
                                                   "to; allow it with --allowed-host")
             elif why:
                 await answer(403, "cross_origin", f"refused a browser's cross-site request: {why}")
+            elif (denied := self.authorize(scope, headers, identity)) is not None:
+                await answer(*denied)
             elif n == -1:
                 await answer(400, "bad_request", "invalid Content-Length header")
             elif n is not None and n > self.max_body:
@@ -212,3 +219,33 @@ class ServiceMiddleware:
         finally:
             ms = (time.perf_counter() - t0) * 1000
             log.info("%s %s %s %.1f ms", scope.get("method"), scope.get("path"), state["status"], ms)
+            client = scope.get("client") or ("-", 0)
+            token = identity["token"]
+            audit.info("token=%s client=%s %s %s %s %.1f ms", token.name if token else "-", client[0],
+                       scope.get("method"), scope.get("path"), state["status"], ms)
+
+    def authorize(self, scope, headers, identity: dict):
+        """None when the request may go on (its token, if any, in scope["state"]["token"]), else the
+        (status, error, detail, headers) to answer: 401 without a known token, 403 without the scope,
+        429 past the token's rate."""
+        from faultline.service.auth import required_scope
+
+        if not self.auth.enabled:
+            return None
+        need = required_scope(scope.get("method", ""), scope.get("path", ""))
+        if need is None:
+            return None
+        token = self.auth.identify(header(headers, b"authorization"))
+        if token is None:
+            return (401, "unauthorized", "send a valid token: Authorization: Bearer <token>",
+                    ((b"www-authenticate", b'Bearer realm="faultline"'),))
+        identity["token"] = token
+        scope.setdefault("state", {})["token"] = token
+        if need not in token.scopes and "admin" not in token.scopes:
+            return (403, "insufficient_scope", f"token {token.name!r} lacks the {need!r} scope this request needs",
+                    ((b"www-authenticate", f'Bearer error="insufficient_scope", scope="{need}"'.encode()),))
+        wait = self.auth.take(token)
+        if wait > 0:
+            return (429, "rate_limited", f"token {token.name!r} is over its rate of {token.rate_per_minute:g} "
+                                         "requests per minute", ((b"retry-after", str(math.ceil(wait)).encode()),))
+        return None

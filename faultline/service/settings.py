@@ -37,6 +37,7 @@ class Settings:
     body_timeout_s: float = 300.0     # longest time to receive a whole request body (408 past it)
     keep_alive_s: int = 5             # an idle kept-alive connection is closed after this
     max_connections: int = 256        # open connections and requests at once (503 past it)
+    tokens_file: Path | None = None   # bearer tokens (hashes, scopes, limits); None: $FAULTLINE_TOKENS, else open
     sessions_db: Path | None = None   # the sessions' DuckDB file (default <data dir>/service/sessions.duckdb)
     session_ttl_s: float = 24 * 3600  # a session expires this long after its last change
     max_sessions: int = 1000          # sessions kept at once (429 past it)
@@ -85,6 +86,7 @@ class Settings:
             hosts += (args.host,)
         return cls(config=Path(args.config) if args.config else None, rules=tuple(args.rules or ()),
                    sessions_db=Path(args.sessions_db) if args.sessions_db else None,
+                   tokens_file=Path(args.tokens) if args.tokens else None,
                    session_ttl_s=args.session_ttl_hours * 3600, max_sessions=args.max_sessions,
                    max_session_lines=args.max_session_lines, max_session_mb=args.max_session_mb,
                    builtin=not args.no_builtin, max_body_mb=args.max_body_mb, workers_max=args.workers_max,

@@ -29,22 +29,38 @@ def store_limits(settings: Settings) -> Limits:
                   max_batches=settings.max_session_batches)
 
 
-def install(app: FastAPI, settings: Settings, data_dir: Path, ruleset, pool, json_gate, read_json_body,
-            owner_of=lambda request: None, guard_of=lambda request: None, on_final=None) -> None:
-    db = settings.sessions_db or Path(data_dir) / "service" / "sessions.duckdb"
-    lock = anyio.Lock()
+async def open_store(request: Request) -> SessionStore:
+    """The app's session store, opened on first use (a service that never sees a session writes nothing)."""
+    st = request.app.state
+    if getattr(st, "sessions", None) is None:
+        async with st.sessions_lock:
+            if getattr(st, "sessions", None) is None:
+                db = st.sessions_db
+                try:
+                    st.sessions = await anyio.to_thread.run_sync(SessionStore, db, store_limits(st.settings))
+                except Exception as exc:  # duckdb.IOException: held by another process, unwritable
+                    raise ApiError(503, "sessions_unavailable", f"the session store {db} cannot be opened: "
+                                   f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    return st.sessions
 
-    async def store(request: Request) -> SessionStore:
-        st = request.app.state
-        if getattr(st, "sessions", None) is None:
-            async with lock:
-                if getattr(st, "sessions", None) is None:
-                    try:
-                        st.sessions = await anyio.to_thread.run_sync(SessionStore, db, store_limits(settings))
-                    except Exception as exc:  # duckdb.IOException: held by another process, unwritable
-                        raise ApiError(503, "sessions_unavailable", f"the session store {db} cannot be opened: "
-                                       f"{type(exc).__name__}: {str(exc)[:200]}") from None
-        return st.sessions
+
+def token_of(request: Request):
+    return getattr(request.state, "token", None)
+
+
+def owner_of(request: Request, creating: bool = False) -> str | None:
+    """Whose sessions a request may see: its token's (an admin token: everyone's); None without auth."""
+    token = token_of(request)
+    if token is None or (not creating and "admin" in token.scopes):
+        return None
+    return token.name
+
+
+def install(app: FastAPI, settings: Settings, data_dir: Path, ruleset, pool, json_gate, read_json_body,
+            guard_of=lambda request: None, on_final=None) -> None:
+    app.state.sessions_db = settings.sessions_db or Path(data_dir) / "service" / "sessions.duckdb"
+    app.state.sessions_lock = anyio.Lock()
+    store = open_store
 
     async def body(request: Request, model, required: bool = True):
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -82,8 +98,8 @@ def install(app: FastAPI, settings: Settings, data_dir: Path, ruleset, pool, jso
         except BadRequest as exc:
             raise ApiError(400, exc.error, exc.detail) from None
         st = await store(request)
-        limit = getattr(request.state, "max_sessions", None)
-        info = await run(st.create, req, owner_of(request), limit)
+        token = token_of(request)
+        info = await run(st.create, req, owner_of(request, creating=True), token.max_sessions if token else None)
         return JSONBody(info, status_code=201, headers={"Location": f"/v2/sessions/{info['session_id']}"})
 
     @app.get("/v2/sessions/{session_id}", response_model=SessionOut, tags=["sessions"],
