@@ -331,6 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--max-sessions", type=int, default=1000, help="sessions kept at once (429 past it)")
     api.add_argument("--max-session-lines", type=int, default=2_000_000, help="log lines one session may hold (413 past it)")
     api.add_argument("--max-session-mb", type=float, default=256, help="MiB of log text one session may hold (413 past it)")
+    api.add_argument("--drains-per-cluster-hour", type=int, default=4,
+                     help="action guard: node actions approved per cluster in any hour (default 4)")
+    api.add_argument("--drains-per-job", type=int, default=2, help="action guard: nodes of one job (default 2)")
+    api.add_argument("--drain-max-fraction", type=float, default=0.25,
+                     help="action guard: never more than this share of a job's nodes (default 0.25)")
+    api.add_argument("--webhook-url", help="POST every final session verdict here (HMAC-SHA256 signed with "
+                                           "$FAULTLINE_WEBHOOK_SECRET; retried with backoff)")
     api.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     api.add_argument("--tls-key", help="the certificate's private key (PEM)")
     api.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")

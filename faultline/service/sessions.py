@@ -62,10 +62,14 @@ CREATE TABLE IF NOT EXISTS node_events (session_id VARCHAR, batch_id VARCHAR, no
   kind VARCHAR, reason VARCHAR);
 CREATE TABLE IF NOT EXISTS scheduler_obs (session_id VARCHAR, batch_id VARCHAR, observed_at TIMESTAMPTZ,
   state VARCHAR, exit_code INTEGER, start_time TIMESTAMPTZ, end_time TIMESTAMPTZ, nodes VARCHAR);
+CREATE TABLE IF NOT EXISTS drains (cluster VARCHAR, job_id VARCHAR, node VARCHAR, session_id VARCHAR,
+  action VARCHAR, approved_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS deliveries (session_id VARCHAR, attribution INTEGER, url VARCHAR, attempt INTEGER,
+  status INTEGER, error VARCHAR, delivered BOOLEAN, attempted_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS verdicts (session_id VARCHAR, n INTEGER, attributed_at TIMESTAMPTZ, batches INTEGER,
   final BOOLEAN, result VARCHAR, PRIMARY KEY (session_id, n));
 """
-TABLES = ("sessions", "batches", "lines", "metrics", "node_events", "scheduler_obs", "verdicts")
+TABLES = ("sessions", "batches", "lines", "metrics", "node_events", "scheduler_obs", "verdicts", "deliveries")
 LINES_SCHEMA = {"session_id": pl.String, "batch_id": pl.String, "file": pl.String, "pos": pl.Int64, "idx": pl.Int32,
                 "ts": TS_DTYPE, "node": pl.String, "rank": pl.Int32, "source": pl.String, "line": pl.String}
 
@@ -516,6 +520,37 @@ class SessionStore:
             if final:
                 cur.execute("UPDATE sessions SET final = true WHERE id = ?", [sid])
             cur.execute("COMMIT")
+
+    def spend_drains(self, cluster: str, job_id: str, sid: str, nodes: list[str], action: str, per_hour: int,
+                     window: timedelta) -> tuple[bool, int]:
+        """Record node actions against the cluster's budget if it allows them all: (allowed, used before).
+        Nodes this session was already approved for are free (re-attribution spends nothing)."""
+        now = _now()
+        with self._lock, self._cur() as cur:
+            mine = {r[0] for r in cur.execute("SELECT node FROM drains WHERE session_id = ?", [sid]).fetchall()}
+            used = cur.execute("SELECT count(DISTINCT node) FROM drains WHERE cluster = ? AND approved_at > ? "
+                               "AND session_id <> ?", [cluster, now - window, sid]).fetchone()[0]
+            new = [n for n in nodes if n not in mine]
+            if used + len(set(nodes)) > per_hour:
+                return False, used
+            if new:
+                cur.executemany("INSERT INTO drains VALUES (?, ?, ?, ?, ?, ?)",
+                                [(cluster, job_id, n, sid, action, now) for n in new])
+            return True, used
+
+    def record_delivery(self, sid: str, n: int, url: str, attempt: int, status: int | None, error: str | None,
+                        delivered: bool) -> None:
+        with self._lock, self._cur() as cur:
+            cur.execute("INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [sid, n, url, attempt, status, error, delivered, _now()])
+
+    def deliveries(self, sid: str, owner: str | None = None) -> list[dict]:
+        with self._cur() as cur:
+            self._row(cur, sid, owner)
+            rows = cur.execute("SELECT attribution, url, attempt, status, error, delivered, attempted_at FROM deliveries "
+                               "WHERE session_id = ? ORDER BY attempted_at, attempt", [sid]).fetchall()
+        keys = ("attribution", "url", "attempt", "status", "error", "delivered", "at")
+        return [{**dict(zip(keys, r)), "at": _iso(r[6])} for r in rows]
 
     def verdicts(self, sid: str, owner: str | None = None) -> list[dict]:
         with self._cur() as cur:

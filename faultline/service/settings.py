@@ -44,6 +44,13 @@ class Settings:
     max_session_lines: int = 2_000_000
     max_session_mb: float = 256       # log text one session may hold
     max_session_batches: int = 10_000
+    drains_per_cluster_hour: int = 4  # action guard: node actions approved per cluster in any hour
+    drains_per_job: int = 2           # action guard: nodes of one job
+    drain_max_fraction: float = 0.25  # action guard: never more than this share of a job's nodes
+    webhook_url: str | None = None    # receives every final verdict (JSON, HMAC-signed)
+    webhook_secret_env: str = "FAULTLINE_WEBHOOK_SECRET"  # the environment variable holding the HMAC key
+    webhook_retries: int = 5          # attempts after the first, with exponential backoff
+    webhook_backoff_s: float = 1.0    # first wait between attempts (doubling, at most 60 s)
 
     def __post_init__(self):
         if self.max_body_mb <= 0:
@@ -87,6 +94,8 @@ class Settings:
         return cls(config=Path(args.config) if args.config else None, rules=tuple(args.rules or ()),
                    sessions_db=Path(args.sessions_db) if args.sessions_db else None,
                    tokens_file=Path(args.tokens) if args.tokens else None,
+                   drains_per_cluster_hour=args.drains_per_cluster_hour, drains_per_job=args.drains_per_job,
+                   drain_max_fraction=args.drain_max_fraction, webhook_url=args.webhook_url,
                    session_ttl_s=args.session_ttl_hours * 3600, max_sessions=args.max_sessions,
                    max_session_lines=args.max_session_lines, max_session_mb=args.max_session_mb,
                    builtin=not args.no_builtin, max_body_mb=args.max_body_mb, workers_max=args.workers_max,

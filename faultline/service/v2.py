@@ -13,6 +13,7 @@ import anyio.to_thread
 from fastapi import FastAPI, Request, Response
 
 from faultline.service.errors import ApiError, JSONBody
+from faultline.service.guard import ActionGuard, Budgets
 from faultline.service.inputs import BadRequest
 from faultline.service.models import AttributionOut, ObservationAck, SessionOut, VerdictsOut, errors
 from faultline.service.sessions import (AttributeIn, Limits, SessionError, SessionIn, SessionStore, attribute_session,
@@ -57,7 +58,7 @@ def owner_of(request: Request, creating: bool = False) -> str | None:
 
 
 def install(app: FastAPI, settings: Settings, data_dir: Path, ruleset, pool, json_gate, read_json_body,
-            guard_of=lambda request: None, on_final=None) -> None:
+            on_final=None) -> None:
     app.state.sessions_db = settings.sessions_db or Path(data_dir) / "service" / "sessions.duckdb"
     app.state.sessions_lock = anyio.Lock()
     store = open_store
@@ -133,8 +134,10 @@ def install(app: FastAPI, settings: Settings, data_dir: Path, ruleset, pool, jso
             raise ApiError(400, exc.error, exc.detail) from None
         st = await store(request)
         try:
+            guard = ActionGuard(st, Budgets(settings.drains_per_cluster_hour, settings.drains_per_job,
+                                            settings.drain_max_fraction))
             result, queued, ran = await pool(request).run(attribute_session, st, session_id, ruleset, req.final,
-                                                          owner_of(request), 2, guard_of(request))
+                                                          owner_of(request), 2, guard)
         except SessionError as exc:
             raise ApiError(exc.status, exc.error, exc.detail, exc.headers) from None
         if req.final and on_final is not None:
