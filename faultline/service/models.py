@@ -215,3 +215,19 @@ class VerdictsOut(BaseModel):
     session_id: str
     count: int
     verdicts: list[AttributionOut]
+
+
+class DeliveryOut(BaseModel):
+    attribution: int
+    url: str
+    attempt: int
+    status: int | None = None
+    error: str | None = None
+    delivered: bool
+    at: str | None = None
+
+
+class DeliveriesOut(BaseModel):
+    session_id: str
+    count: int
+    deliveries: list[DeliveryOut]

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import anyio.to_thread
 from fastapi import FastAPI, Request, Response
+from starlette.background import BackgroundTask
 
 from faultline.service.errors import ApiError, JSONBody
 from faultline.service.guard import ActionGuard, Budgets
+from faultline.service.webhooks import deliver, emit_prefect_event, secret_from_env
 from faultline.service.inputs import BadRequest
-from faultline.service.models import AttributionOut, ObservationAck, SessionOut, VerdictsOut, errors
+from faultline.service.models import (AttributionOut, DeliveriesOut, ObservationAck, SessionOut, VerdictsOut,
+                                      errors)
 from faultline.service.sessions import (AttributeIn, Limits, SessionError, SessionIn, SessionStore, attribute_session,
                                         validate)
 from faultline.service.settings import Settings
@@ -57,8 +60,8 @@ def owner_of(request: Request, creating: bool = False) -> str | None:
     return token.name
 
 
-def install(app: FastAPI, settings: Settings, data_dir: Path, ruleset, pool, json_gate, read_json_body,
-            on_final=None) -> None:
+def install(app: FastAPI, settings: Settings, data_dir: Path, ruleset, pool, json_gate, read_json_body) -> None:
+    secret = secret_from_env(settings)  # ValueError at start-up when a webhook has no secret
     app.state.sessions_db = settings.sessions_db or Path(data_dir) / "service" / "sessions.duckdb"
     app.state.sessions_lock = anyio.Lock()
     store = open_store
@@ -140,9 +143,22 @@ def install(app: FastAPI, settings: Settings, data_dir: Path, ruleset, pool, jso
                                                           owner_of(request), 2, guard)
         except SessionError as exc:
             raise ApiError(exc.status, exc.error, exc.detail, exc.headers) from None
-        if req.final and on_final is not None:
-            on_final(request, result)
-        return JSONBody(result, headers={"Server-Timing": f"queue;dur={queued * 1000:.1f}, diagnose;dur={ran * 1000:.1f}"})
+        background = None
+        if req.final:  # after the answer is sent: the client never waits for a slow webhook
+            background = BackgroundTask(anyio.to_thread.run_sync, lambda: announce(st, result))
+        return JSONBody(result, background=background,
+                        headers={"Server-Timing": f"queue;dur={queued * 1000:.1f}, diagnose;dur={ran * 1000:.1f}"})
+
+    def announce(st: SessionStore, result: dict) -> None:
+        if secret is not None:
+            deliver(st, settings.webhook_url, secret, result, settings.webhook_retries, settings.webhook_backoff_s)
+        emit_prefect_event(result)
+
+    @app.get("/v2/sessions/{session_id}/deliveries", tags=["sessions"], response_model=DeliveriesOut,
+             responses=errors(401, 403, 404), summary="Webhook delivery attempts of a session's final verdict")
+    async def deliveries(session_id: str, request: Request):
+        rows = await run((await store(request)).deliveries, session_id, owner_of(request))
+        return JSONBody({"session_id": session_id, "count": len(rows), "deliveries": rows})
 
     @app.get("/v2/sessions/{session_id}/verdicts", response_model=VerdictsOut, tags=["sessions"],
              responses=errors(401, 403, 404), summary="Every attribution of a session, oldest first")
