@@ -228,3 +228,17 @@ def test_regression_openapi_lists_the_real_answers_with_models(client):
     d = client.post("/v1/diagnose", json={"files": files_json(JOB)}).json()
     assert DiagnosisOut.model_validate(d).culprit.nodes == ["node-a"]
     ErrorOut.model_validate(client.get("/v1/diagnoses", params={"limit": 0}).json())
+
+
+def test_docs_and_redoc_work_offline(client):
+    import re
+    for page, asset in (("/docs", "/static/swagger-ui-bundle.js"), ("/redoc", "/static/redoc.standalone.js")):
+        html = client.get(page)
+        assert html.status_code == 200 and asset in html.text
+        # nothing loaded from elsewhere: every src/href is a path of this service
+        urls = re.findall(r'(?:src|href)\s*=\s*["\']([^"\']+)', html.text)
+        assert urls and all(u.startswith("/") for u in urls), urls
+        js = client.get(asset)
+        assert js.status_code == 200 and len(js.content) > 100_000
+    assert client.get("/static/swagger-ui.css").status_code == 200
+    assert "/docs" not in client.get("/openapi.json").json()["paths"]

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Query, Request
 
 from faultline import __version__, taxonomy
 from faultline.rules.model import Ruleset
-from faultline.service import errors, v2
+from faultline.service import docs, errors, v2
 from faultline.service.auth import Authenticator, load_tokens
 from faultline.service.errors import ApiError, JSONBody
 from faultline.service.inputs import FORM_FIELDS, BadRequest, InlineJob, RefJob, parse_form, parse_json
@@ -92,8 +92,9 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
             app.state.sessions.close()
             app.state.sessions = None
 
-    app = FastAPI(title="faultline", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="faultline", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Attribution service: diagnoses failed distributed AI jobs (docs/service.md).")
+    docs.install(app)
     app.state.settings, app.state.ruleset, app.state.fleet = settings, ruleset, fleet
     errors.install(app)
 
