@@ -422,3 +422,15 @@ def test_queries_bind_every_value():
     assert parse_since("2026-11-20", since) == datetime(2026, 11, 20, tzinfo=timezone.utc)
     with pytest.raises(ValueError):
         parse_since("yesterday", since)
+
+
+def test_every_answer_has_the_documented_key_order_and_shape(http):
+    from faultline.service.jobs import DIAGNOSIS_KEYS
+    inline = http.post("/v1/diagnose", json={"files": files_json(JOB)}).json()
+    ref = http.post("/v1/diagnose", json={"cluster": "alpha", "job_id": "1001"}).json()
+    stored = http.get("/v1/diagnoses/alpha/1001").json()
+    for d in (inline, ref, stored):
+        assert list(d) == list(DIAGNOSIS_KEYS), list(d)
+    done = http.post("/v1/diagnose", json={"cluster": "alpha", "job_id": "1002"}).json()  # COMPLETED
+    assert list(done) == list(DIAGNOSIS_KEYS) and done["outcome"] == "healthy"
+    assert done["recommended_action"]["action"] == "no_action" and done["culprit"]["nodes"] == []

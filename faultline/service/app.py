@@ -23,7 +23,7 @@ from faultline.service import docs, errors, v2
 from faultline.service.auth import Authenticator, load_tokens
 from faultline.service.errors import ApiError, JSONBody
 from faultline.service.inputs import FORM_FIELDS, BadRequest, InlineJob, RefJob, parse_form, parse_json
-from faultline.service.jobs import diagnose_by_reference, diagnose_inline
+from faultline.service.jobs import diagnose_by_reference, diagnose_inline, in_order
 from faultline.service.middleware import ClientGone, ServiceMiddleware
 from faultline.service.models import (DiagnosesOut, DiagnosisOut, HealthOut, RulesOut, drop_phantom_422,
                                       errors as error_responses)
@@ -162,7 +162,7 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
             what = f"job {job_id}" + (f" attempt {attempt}" if attempt is not None else "")
             raise ApiError(404, "diagnosis_not_found", f"no stored diagnosis of {what} on cluster {cluster}"
                            + (f" by ruleset {ruleset_version}" if ruleset_version else ""))
-        return JSONBody(d)
+        return JSONBody(in_order(d))
 
     @app.get("/v1/diagnoses", summary="Recent stored diagnoses, newest job end first",
              response_model=DiagnosesOut, responses=error_responses(400, 500))
