@@ -24,7 +24,7 @@ from faultline.service.auth import Authenticator, load_tokens
 from faultline.service.errors import ApiError, JSONBody
 from faultline.service.inputs import FORM_FIELDS, BadRequest, InlineJob, RefJob, parse_form, parse_json
 from faultline.service.jobs import diagnose_by_reference, diagnose_inline, in_order
-from faultline.service.middleware import ClientGone, ServiceMiddleware
+from faultline.service.middleware import ServiceMiddleware
 from faultline.service.models import (DiagnosesOut, DiagnosisOut, HealthOut, RulesOut, drop_phantom_422,
                                       errors as error_responses)
 from faultline.service.queries import SINCE_RANGE, Filters, latest_diagnosis, parse_since, recent_diagnoses

@@ -47,10 +47,6 @@ class BodyTimeout(Exception):
     pass
 
 
-class ClientGone(Exception):
-    """The client closed its connection before the request was read."""
-
-
 class BodyTooLarge(Exception):
     def __init__(self, limit: int):
         super().__init__(f"request body exceeds {limit} bytes")
@@ -208,7 +204,7 @@ class ServiceMiddleware:
                 raise
             await answer(408, "request_timeout", f"the request body did not arrive in time (a pause over "
                                                  f"{cfg.read_timeout_s:g} s, or over {cfg.body_timeout_s:g} s in all)")
-        except (ClientGone, ClientDisconnect):
+        except ClientDisconnect:  # Starlette's: the client closed its connection before the body was read
             state["status"] = 499
             log.info("%s %s: client disconnected", scope.get("method"), scope.get("path"))
         except Exception:
