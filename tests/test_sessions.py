@@ -190,6 +190,10 @@ def test_sessions_expire_and_are_bounded(ruleset, tmp_path):
         too_many = {"batch_id": "x", "logs": [{"file": "a.log", "lines": ["l"] * 6}]}
         body = assert_error(c.post(f"/v2/sessions/{a}/observations", json=too_many), 413, "session_too_large")
         assert "5 lines" in body["detail"]
+        samples = {"batch_id": "m", "metrics": {"resultType": "matrix", "result": [
+            {"metric": {"__name__": "x"}, "values": [[1795687300 + i, "1"] for i in range(6)]}]}}
+        body = assert_error(c.post(f"/v2/sessions/{a}/observations", json=samples), 413, "session_too_large")
+        assert "metric samples" in body["detail"]
         time.sleep(0.7)
         assert_error(c.get(f"/v2/sessions/{a}"), 404, "session_not_found")
         assert_error(c.post(f"/v2/sessions/{a}/attribute"), 404, "session_not_found")

@@ -51,7 +51,7 @@ SESSION_ID_PREFIX = "s-"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id VARCHAR PRIMARY KEY, owner VARCHAR, cluster VARCHAR, job_id VARCHAR,
   attempt INTEGER, workload VARCHAR, created_at TIMESTAMPTZ, updated_at TIMESTAMPTZ, expires_at TIMESTAMPTZ,
-  lines BIGINT, bytes BIGINT, batches INTEGER, final BOOLEAN);
+  lines BIGINT, bytes BIGINT, batches INTEGER, final BOOLEAN, samples BIGINT DEFAULT 0);
 CREATE TABLE IF NOT EXISTS batches (session_id VARCHAR, batch_id VARCHAR, digest VARCHAR, kinds VARCHAR,
   lines BIGINT, bytes BIGINT, received_at TIMESTAMPTZ, PRIMARY KEY (session_id, batch_id));
 CREATE TABLE IF NOT EXISTS lines (session_id VARCHAR, batch_id VARCHAR, file VARCHAR, pos BIGINT, idx INTEGER,
@@ -394,20 +394,20 @@ class SessionStore:
                 if mine >= max_for_owner:
                     raise SessionError(429, "too_many_sessions", f"this token has {mine} open sessions, its limit; "
                                        "attribute one with final=true or delete it", {"Retry-After": "30"})
-            cur.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, 0, false)",
+            cur.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, 0, false, 0)",
                         [sid, owner, req.cluster, req.job_id, req.attempt, json.dumps(workload), now, now,
                          now + timedelta(seconds=self.limits.ttl_s)])
         return self.info(sid, owner)
 
     def _row(self, cur, sid: str, owner: str | None, now: datetime | None = None) -> dict:
         r = cur.execute("SELECT id, owner, cluster, job_id, attempt, workload, created_at, updated_at, expires_at, "
-                        "lines, bytes, batches, final FROM sessions WHERE id = ?", [sid]).fetchone()
+                        "lines, bytes, batches, final, samples FROM sessions WHERE id = ?", [sid]).fetchone()
         if r is None or (owner is not None and r[1] is not None and r[1] != owner):
             raise SessionError(404, "session_not_found", f"no session {sid[:100]!r} (never created, deleted, or expired)")
         if r[8] <= (now or _now()):
             raise SessionError(404, "session_not_found", f"session {sid} expired at {_iso(r[8])}")
         keys = ("id", "owner", "cluster", "job_id", "attempt", "workload", "created_at", "updated_at", "expires_at",
-                "lines", "bytes", "batches", "final")
+                "lines", "bytes", "batches", "final", "samples")
         return dict(zip(keys, r))
 
     def info(self, sid: str, owner: str | None = None) -> dict:
@@ -460,10 +460,14 @@ class SessionStore:
             lim = self.limits
             if s["batches"] + 1 > lim.max_batches:
                 raise SessionError(413, "session_too_large", f"a session holds at most {lim.max_batches} batches")
+            n_samples = len(metrics) + len(events)
             if s["lines"] + lines.height > lim.max_lines or s["bytes"] + n_bytes > lim.max_bytes:
                 raise SessionError(413, "session_too_large", f"a session holds at most {lim.max_lines} lines and "
                                    f"{lim.max_bytes} bytes of log text; it has {s['lines']} lines, {s['bytes']} bytes "
                                    f"and this batch adds {lines.height} lines, {n_bytes} bytes")
+            if s["samples"] + n_samples > lim.max_lines:
+                raise SessionError(413, "session_too_large", f"a session holds at most {lim.max_lines} metric samples "
+                                   f"and node events; it has {s['samples']} and this batch adds {n_samples}")
             cur.execute("BEGIN")
             try:
                 if lines.height:
@@ -482,8 +486,8 @@ class SessionStore:
                 cur.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
                             [sid, obs.batch_id, dig, ",".join(kinds), lines.height, n_bytes, now])
                 cur.execute("UPDATE sessions SET lines = lines + ?, bytes = bytes + ?, batches = batches + 1, "
-                            "updated_at = ?, expires_at = ? WHERE id = ?",
-                            [lines.height, n_bytes, now, now + timedelta(seconds=lim.ttl_s), sid])
+                            "samples = samples + ?, updated_at = ?, expires_at = ? WHERE id = ?",
+                            [lines.height, n_bytes, n_samples, now, now + timedelta(seconds=lim.ttl_s), sid])
                 cur.execute("COMMIT")
             except Exception:
                 cur.execute("ROLLBACK")
