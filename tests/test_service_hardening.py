@@ -242,3 +242,19 @@ def test_docs_and_redoc_work_offline(client):
         assert js.status_code == 200 and len(js.content) > 100_000
     assert client.get("/static/swagger-ui.css").status_code == 200
     assert "/docs" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_regression_many_idle_and_slow_connections_are_all_released(hardened, client):
+    # the review held 150 slow-body and 50 idle connections open for 40 s; here every one is closed by
+    # the head or body timeout, and the service answers others meanwhile
+    head = (b"POST /v1/diagnose HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n{")
+    idle = [raw(hardened) for _ in range(30)]
+    slow = [raw(hardened, head) for _ in range(30)]
+    assert client.get("/healthz").status_code == 200
+    t0 = time.monotonic()
+    outs = [read_all(s, 10) for s in idle + slow]
+    assert time.monotonic() - t0 < 6
+    assert all(out == b"" for out, _ in outs[:30])
+    assert all(status_of(out) == 408 for out, _ in outs[30:])
+    assert client.get("/healthz").json()["workers"]["running"] == 0
