@@ -162,13 +162,19 @@ def test_regression_json_bodies_are_bounded_and_gated_before_decoding(hardened, 
     # A large body waits for one of the JSON slots (1 here): while one is being received, the next gets 503.
     holder = raw(hardened, b"POST /v1/diagnose HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                            b"Content-Length: 2500000\r\n\r\n" + b" " * 100)
-    time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while client.get("/healthz").json()["json_slots"]["held"] != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     body = json.dumps({"files": [{"name": "t.log", "text": OOM + "\n" + "y" * (2 << 20)}]}).encode()
     r = client.post("/v1/diagnose", content=body, headers={"content-type": "application/json"})
     assert_error(r, 503, "busy")
     assert int(r.headers["retry-after"]) >= 1 and "JSON" in r.json()["detail"]
     holder.close()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while client.get("/healthz").json()["json_slots"]["held"] != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     r = client.post("/v1/diagnose", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 200 and r.json()["outcome"] == "cuda_oom"
     # Small bodies never wait for a slot.

@@ -203,6 +203,7 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
         return JSONBody({"status": "ok", "version": __version__, "ruleset": {"version": ruleset.version},
                          "uptime_s": round(time.monotonic() - started, 3),
                          "workers": {"max": p.size, "running": p.running, "waiting": p.waiting},
+                         "json_slots": {"max": json_gate(request).size, "held": json_gate(request).held},
                          "fleet_configured": fleet is not None})
 
     return app
@@ -229,6 +230,7 @@ class JsonGate:
     def __init__(self, size: int, timeout_s: float):
         self.size, self.timeout_s = size, timeout_s
         self._slots = anyio.Semaphore(size)
+        self.held = 0
 
     class Held:
         def __init__(self, gate: JsonGate):
@@ -244,6 +246,7 @@ class JsonGate:
             except TimeoutError:
                 raise Busy(time.perf_counter() - t0, self.gate.size, "slots for large JSON bodies") from None
             self.held = True
+            self.gate.held += 1
 
     @asynccontextmanager
     async def hold(self):
@@ -252,6 +255,7 @@ class JsonGate:
             yield held
         finally:
             if held.held:
+                self.held -= 1
                 self._slots.release()
 
 

@@ -128,12 +128,18 @@ class WorkersOut(BaseModel):
     waiting: int
 
 
+class SlotsOut(BaseModel):
+    max: int
+    held: int
+
+
 class HealthOut(_Open):
     status: str
     version: str
     ruleset: RulesetRef
     uptime_s: float
     workers: WorkersOut
+    json_slots: SlotsOut
     fleet_configured: bool
 
 
