@@ -161,3 +161,24 @@ def test_tls_options_reach_uvicorn(ruleset, tmp_path):
             assert c.post("/v1/diagnose", json={"files": files_json(JOB)}).json()["outcome"] == "gpu_hardware"
         with pytest.raises(httpx.ConnectError):  # not trusted without its certificate
             httpx.get(s.url + "/healthz", timeout=10)
+
+
+def test_a_refused_post_is_answered_not_reset_when_its_body_comes_late(srv):
+    # refused before its body is read (no token): the body that follows is read and dropped first, so the
+    # client reads the 401 instead of a reset connection (what the audit test once met under load)
+    import socket
+    import time as _time
+    body = b'{"files": [{"name": "a.log", "text": "x"}]}'
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    s.sendall(b"POST /v1/diagnose HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    _time.sleep(0.3)
+    s.sendall(body)
+    out = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    s.close()
+    assert out.startswith(b"HTTP/1.1 401 ") and b'"unauthorized"' in out

@@ -41,6 +41,8 @@ audit = logging.getLogger("faultline.audit")  # one line per request: the token'
 RULESET_HEADER = "x-faultline-ruleset"
 DRAIN_BYTES = 1 << 30
 DRAIN_SECONDS = 10.0
+REFUSE_DRAIN_BYTES = 8 << 20  # a request refused before its body is read (host, origin, token) ...
+REFUSE_DRAIN_SECONDS = 1.0    # ... has this much of its body read and dropped first
 
 
 class BodyTimeout(Exception):
@@ -73,11 +75,11 @@ def expects_continue(headers: list[tuple[bytes, bytes]]) -> bool:
     return any(k.lower() == b"expect" and v.strip().lower() == b"100-continue" for k, v in headers)
 
 
-async def drain(receive) -> None:
-    """Read and drop what is left of a request body, within DRAIN_BYTES and DRAIN_SECONDS."""
+async def drain(receive, max_bytes: int = DRAIN_BYTES, max_seconds: float = DRAIN_SECONDS) -> None:
+    """Read and drop what is left of a request body, within max_bytes and max_seconds."""
     dropped = 0
-    with anyio.move_on_after(DRAIN_SECONDS):
-        while dropped <= DRAIN_BYTES:
+    with anyio.move_on_after(max_seconds):
+        while dropped <= max_bytes:
             message = await receive()
             if message["type"] != "http.request":
                 return
@@ -137,12 +139,21 @@ class ServiceMiddleware:
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        state = {"status": None, "started": False, "received": 0, "done": False}
+        state = {"status": None, "started": False, "received": 0, "done": False, "drain": True}
         version = self.version.encode()
         cfg = self.settings
         deadline = time.monotonic() + cfg.body_timeout_s
 
         async def send_wrapped(message):
+            if message["type"] == "http.response.start" and not state["done"] and state["drain"]:
+                # Answered before the body was read (refused: host, origin, token, media type ...): read
+                # what little of it has come, so that a client that sends its whole body before reading
+                # the answer sees this answer, not a reset connection. A large or stalled body is not
+                # waited for.
+                state["done"] = True
+                n = declared_length(headers)
+                if ((n and n > 0) or header(headers, b"transfer-encoding")) and not expects_continue(headers):
+                    await drain(receive, REFUSE_DRAIN_BYTES, min(REFUSE_DRAIN_SECONDS, cfg.read_timeout_s))
             if message["type"] == "http.response.start":
                 state["status"], state["started"] = message["status"], True
                 message = {**message, "headers": [*message.get("headers", []), (RULESET_HEADER.encode(), version)]}
@@ -174,6 +185,7 @@ class ServiceMiddleware:
 
         headers = scope.get("headers", [])
         identity: dict = {"token": None}
+
         try:
             n = declared_length(headers)
             host = header(headers, b"host")
@@ -189,6 +201,7 @@ class ServiceMiddleware:
             elif n == -1:
                 await answer(400, "bad_request", "invalid Content-Length header")
             elif n is not None and n > self.max_body:
+                state["drain"] = False
                 if not expects_continue(headers) and n <= DRAIN_BYTES:
                     await drain(receive)
                 await answer(413, "payload_too_large", too_large_detail(self.max_body))
@@ -197,11 +210,13 @@ class ServiceMiddleware:
         except BodyTooLarge:
             if state["started"]:
                 raise
+            state["drain"] = False
             await drain(receive)
             await answer(413, "payload_too_large", too_large_detail(self.max_body))
         except BodyTimeout:
             if state["started"]:
                 raise
+            state["drain"] = False
             await answer(408, "request_timeout", f"the request body did not arrive in time (a pause over "
                                                  f"{cfg.read_timeout_s:g} s, or over {cfg.body_timeout_s:g} s in all)")
         except ClientDisconnect:  # Starlette's: the client closed its connection before the body was read
