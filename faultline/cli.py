@@ -239,15 +239,35 @@ def cmd_serve(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        app = create_app(Settings.from_args(args))
+        settings = Settings.from_args(args)
+        app = create_app(settings)
     except RulesetError as exc:
         _print_ruleset_problems(exc)
         return 2
     except (ConfigError, ValueError) as exc:
         print(f"faultline: {exc}", file=sys.stderr)
         return 2
-    # The service logs one line per request itself; uvicorn's access log would repeat it.
-    uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="info")
+    from faultline.service.server import uvicorn_config
+
+    config = uvicorn_config(app, settings, host=args.host, port=args.port,
+                            ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key, ssl_ca_certs=args.tls_client_ca,
+                            ssl_client_cert_required=bool(args.tls_client_ca))
+    uvicorn.Server(config).run()
+    return 0
+
+
+def cmd_token(args) -> int:
+    """Make a bearer token: the token once on stdout's first line, then the entry for the tokens file."""
+    from faultline.service.auth import SCOPES, hash_token, new_token
+
+    scopes = [x.strip() for x in args.scopes.split(",") if x.strip()]
+    if not scopes or any(x not in SCOPES for x in scopes):
+        print(f"faultline: --scopes are some of {', '.join(SCOPES)}", file=sys.stderr)
+        return 2
+    token = new_token()
+    print(token)
+    print(f"# add to the tokens file (the token itself is not kept anywhere):\n"
+          f"  - name: {args.name}\n    sha256: {hash_token(token)}\n    scopes: [{', '.join(scopes)}]")
     return 0
 
 
@@ -340,9 +360,44 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--queue-timeout", type=float, default=30,
                      help="seconds a request may wait for a free worker before 503 (default 30)")
     api.add_argument("--tmp-dir", help="where uploaded logs are written while diagnosed (default: system temp)")
+    api.add_argument("--max-json-mb", type=float, default=64, help="largest JSON body in MiB (413 past it; default 64)")
+    api.add_argument("--allowed-host", action="append",
+                     help="a Host header name to answer besides the loopback names (repeatable; '*' for any)")
+    api.add_argument("--allowed-origin", action="append",
+                     help="a browser origin (https://ops.example.org) allowed to send POSTs (repeatable)")
+    api.add_argument("--header-timeout", type=float, default=10, help="seconds to receive a request head (default 10)")
+    api.add_argument("--read-timeout", type=float, default=15,
+                     help="longest pause in seconds between two pieces of a body before 408 (default 15)")
+    api.add_argument("--body-timeout", type=float, default=300,
+                     help="longest time in seconds to receive a whole body before 408 (default 300)")
+    api.add_argument("--keep-alive", type=int, default=5, help="seconds an idle connection is kept (default 5)")
+    api.add_argument("--max-connections", type=int, default=256, help="open connections at once (503 past it)")
+    api.add_argument("--tokens", help="bearer tokens file (name, sha256, scopes, limits; default $FAULTLINE_TOKENS; "
+                                      "none: no authentication)")
+    api.add_argument("--sessions-db", help="DuckDB file of the sessions (default <data dir>/service/sessions.duckdb)")
+    api.add_argument("--session-ttl-hours", type=float, default=24, help="a session expires this long after its last change")
+    api.add_argument("--max-sessions", type=int, default=1000, help="sessions kept at once (429 past it)")
+    api.add_argument("--max-session-lines", type=int, default=2_000_000, help="log lines one session may hold (413 past it)")
+    api.add_argument("--max-session-mb", type=float, default=256, help="MiB of log text one session may hold (413 past it)")
+    api.add_argument("--drains-per-cluster-hour", type=int, default=4,
+                     help="action guard: node actions approved per cluster in any hour (default 4)")
+    api.add_argument("--drains-per-job", type=int, default=2, help="action guard: nodes of one job (default 2)")
+    api.add_argument("--drain-max-fraction", type=float, default=0.25,
+                     help="action guard: never more than this share of a job's nodes (default 0.25)")
+    api.add_argument("--webhook-url", help="POST every final session verdict here (HMAC-SHA256 signed with "
+                                           "$FAULTLINE_WEBHOOK_SECRET; retried with backoff)")
+    api.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    api.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    api.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")
     api.add_argument("--rules", action="append", help="extra rule pack folder (repeatable; default: the config's rules)")
     api.add_argument("--no-builtin", action="store_true", help="load only the --rules packs")
     api.set_defaults(func=cmd_serve)
+
+    tok = sub.add_parser("token", help="make a bearer token for `faultline serve --tokens` (prints it and its hash entry)")
+    tok.add_argument("token_cmd", choices=["new"])
+    tok.add_argument("--name", required=True, help="the name the audit log shows for this token")
+    tok.add_argument("--scopes", default="read,diagnose", help="comma-separated: read, diagnose, admin")
+    tok.set_defaults(func=cmd_token)
 
     sv = sub.add_parser("serve-flows", help="serve the deployments of prefect.yaml (schedules, event trigger)")
     sv.add_argument("--data-dir", default="data")

@@ -24,6 +24,7 @@ from faultline.service import app as service_app
 from faultline.service.app import create_app
 from faultline.service.jobs import relativize
 from faultline.service.queries import ORDER_RECENT, SUMMARY_COLUMNS, Filters, build_query, parse_since
+from faultline.service.server import uvicorn_config
 from faultline.service.settings import Settings
 from faultline.service.uploads import BadUpload, safe_name
 
@@ -52,12 +53,16 @@ MAX_BODY_MB = 1
 # ---------------------------------------------------------------- a real server
 
 class Running:
-    def __init__(self, app):
+    """The app under uvicorn exactly as `faultline serve` runs it (its protocol, timeouts, limits)."""
+
+    def __init__(self, app, settings: Settings | None = None, **tls):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))  # a free port, held from here on: no race with other tests
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        settings = settings or app.state.settings
+        self.server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning", **tls))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self):
@@ -336,7 +341,7 @@ def test_a_full_queue_gets_503_and_the_event_loop_stays_free(ruleset, monkeypatc
 def test_one_log_line_per_request(ruleset, caplog, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.INFO, logger="faultline.service"), \
-            TestClient(create_app(Settings(), ruleset)) as client:
+            TestClient(create_app(Settings(), ruleset), base_url="http://localhost") as client:
         client.get("/healthz")
         client.get("/v1/diagnoses/x/1")
     lines = [r.getMessage() for r in caplog.records if r.name == "faultline.service"]
@@ -346,7 +351,7 @@ def test_one_log_line_per_request(ruleset, caplog, monkeypatch, tmp_path):
 
 def test_without_a_fleet_config_inline_still_works(ruleset, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # no data/faultline.yaml here
-    with TestClient(create_app(Settings(), ruleset)) as client:
+    with TestClient(create_app(Settings(), ruleset), base_url="http://localhost") as client:
         r = client.post("/v1/diagnose", json={"cluster": "alpha", "job_id": "1001"})
         assert_error(r, 501, "fleet_not_configured")
         assert client.post("/v1/diagnose", json={"files": [{"name": "t.log", "text": OOM}]}).json()["outcome"] == "cuda_oom"
@@ -363,7 +368,7 @@ def test_an_unexpected_error_is_a_json_500_without_a_traceback(ruleset, monkeypa
 
     monkeypatch.setattr(service_app, "diagnose_inline", broken)
     with caplog.at_level(logging.ERROR, logger="faultline.service"), \
-            TestClient(create_app(Settings(), ruleset)) as client:
+            TestClient(create_app(Settings(), ruleset), base_url="http://localhost") as client:
         r = client.post("/v1/diagnose", json={"files": [{"name": "t.log", "text": OOM}]})
     body = assert_error(r, 500, "internal_error")
     assert "secret" not in r.text and r.headers["x-faultline-ruleset"] == ruleset.version
@@ -374,7 +379,7 @@ def test_an_unexpected_error_is_a_json_500_without_a_traceback(ruleset, monkeypa
 def test_start_up_loads_the_rules_options_and_refuses_a_missing_config(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     app = create_app(Settings(rules=(str(BUILTIN_PACKS / "slurm"),), builtin=False))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://localhost") as client:
         rules = client.get("/v1/rules").json()
         assert [p["pack"] for p in rules["packs"]] == ["slurm"] and rules["rules"] > 0
         assert client.get("/healthz").headers["x-faultline-ruleset"] == rules["ruleset"]["version"]
@@ -417,3 +422,15 @@ def test_queries_bind_every_value():
     assert parse_since("2026-11-20", since) == datetime(2026, 11, 20, tzinfo=timezone.utc)
     with pytest.raises(ValueError):
         parse_since("yesterday", since)
+
+
+def test_every_answer_has_the_documented_key_order_and_shape(http):
+    from faultline.service.jobs import DIAGNOSIS_KEYS
+    inline = http.post("/v1/diagnose", json={"files": files_json(JOB)}).json()
+    ref = http.post("/v1/diagnose", json={"cluster": "alpha", "job_id": "1001"}).json()
+    stored = http.get("/v1/diagnoses/alpha/1001").json()
+    for d in (inline, ref, stored):
+        assert list(d) == list(DIAGNOSIS_KEYS), list(d)
+    done = http.post("/v1/diagnose", json={"cluster": "alpha", "job_id": "1002"}).json()  # COMPLETED
+    assert list(done) == list(DIAGNOSIS_KEYS) and done["outcome"] == "healthy"
+    assert done["recommended_action"]["action"] == "no_action" and done["culprit"]["nodes"] == []

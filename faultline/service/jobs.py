@@ -16,8 +16,8 @@ from pathlib import Path
 
 from faultline.fleet.config import FleetConfig
 from faultline.fleet.single import JobNotFound, SourceError, diagnose_one
-from faultline.pipeline import diagnose_files
 from faultline.rules.model import Ruleset
+from faultline.service.engine import JobMeta, attribute, collect_uploaded_files
 from faultline.service.errors import ApiError
 from faultline.service.inputs import InlineJob, RefJob
 from faultline.service.uploads import BadUpload, write_upload
@@ -37,9 +37,8 @@ def diagnose_inline(job: InlineJob, ruleset: Ruleset, tmp_dir: Path | None = Non
             paths = write_upload(root, job.uploads)
         except BadUpload as exc:
             raise ApiError(400, "invalid_file", str(exc)) from None
-        d = diagnose_files(paths, ruleset, job_id=job.job_id, cluster=job.cluster, state=job.state,
-                           exit_code=job.exit_code)
-        return relativize(d, root)
+        meta = JobMeta(cluster=job.cluster, job_id=job.job_id, state=job.state, exit_code=job.exit_code)
+        return attribute(collect_uploaded_files(root, paths, ruleset, meta), ruleset)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -57,9 +56,36 @@ def relativize(d: dict, root: Path) -> dict:
     return out
 
 
+# The documented order of a diagnosis's keys (docs/service.md): by-reference and stored answers are
+# written with sorted keys by the warehouse; every answer of the API uses this one order.
+DIAGNOSIS_KEYS = ("cluster", "job_id", "attempt", "outcome", "domain", "root_cause", "culprit", "affected", "ambiguous",
+                  "candidates", "confidence", "confidence_reason", "evidence", "recommended_action", "coverage",
+                  "ruleset", "diagnosed_at")
+
+
+def in_order(d: dict) -> dict:
+    return {**{k: d[k] for k in DIAGNOSIS_KEYS if k in d}, **{k: v for k, v in d.items() if k not in DIAGNOSIS_KEYS}}
+
+
+def full_shape(d: dict, ruleset: Ruleset) -> dict:
+    """A job that did not fail gets the same shape as any diagnosis (the fleet path answers a short one)."""
+    if "culprit" in d:
+        return in_order(d)
+    from datetime import datetime, timezone
+    return in_order({
+        "cluster": d.get("cluster"), "job_id": d.get("job_id"), "attempt": d.get("attempt"),
+        "outcome": d.get("outcome", "healthy"), "domain": d.get("domain", "unknown"), "root_cause": d.get("root_cause", ""),
+        "culprit": {"nodes": [], "ranks": [], "gpus": []}, "affected": {"nodes": [], "ranks": []}, "ambiguous": False,
+        "candidates": [], "confidence": d.get("confidence", "high"),
+        "confidence_reason": "the scheduler reports that the job did not fail", "evidence": [],
+        "recommended_action": {"action": "no_action", "targets": [], "reason": "nothing to repair"},
+        "coverage": [], "ruleset": {"version": ruleset.version, "packs": list(ruleset.packs)},
+        "diagnosed_at": datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")})
+
+
 def diagnose_by_reference(cfg: FleetConfig, job: RefJob, ruleset: Ruleset) -> dict:
     try:
-        return diagnose_one(cfg, job.cluster, job.job_id, ruleset)
+        return full_shape(diagnose_one(cfg, job.cluster, job.job_id, ruleset), ruleset)
     except JobNotFound as exc:
         raise ApiError(404, "job_not_found", str(exc)) from None
     except SourceError as exc:

@@ -25,6 +25,7 @@ ORDER_RECENT = "end_time DESC NULLS LAST, diagnosed_at DESC NULLS LAST, cluster,
 ORDER_LATEST_ATTEMPT = "attempt DESC"
 _RELATIVE = re.compile(r"^(\d{1,6})([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+SINCE_RANGE = (date(1970, 1, 1), date(9000, 1, 1))  # a `since` outside this is refused (400), never a crash
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,17 @@ class Filters:
 
 
 def parse_since(text: str, now: datetime) -> datetime:
-    """`24h`, `30m`, `7d`, `90s` before `now`, or an ISO date/time (UTC when it names no zone)."""
+    """`24h`, `30m`, `7d`, `90s` before `now`, or an ISO date/time (UTC when it names no zone).
+    ValueError (or OverflowError) on anything else, and on a time outside SINCE_RANGE."""
     m = _RELATIVE.match(text.strip())
     if m:
-        return now - timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
-    t = datetime.fromisoformat(text.strip())  # ValueError on anything else
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+        t = now - timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})  # OverflowError before year 1
+    else:
+        t = datetime.fromisoformat(text.strip())
+        t = t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    if not SINCE_RANGE[0] <= t.date() < SINCE_RANGE[1]:
+        raise ValueError(f"since {t.date()} is outside {SINCE_RANGE[0]} .. {SINCE_RANGE[1]}")
+    return t
 
 
 def build_query(f: Filters, prefer_ruleset: str, limit: int, columns: tuple[str, ...], order: str) -> tuple[str, list]:

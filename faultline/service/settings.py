@@ -14,6 +14,8 @@ from faultline.rules.model import Ruleset
 
 DEFAULT_CONFIG = Path("data") / "faultline.yaml"
 MIB = 1 << 20
+# Host header values accepted by default: the loopback names (a DNS-rebinding page's Host is its own name).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,29 @@ class Settings:
     queue_timeout_s: float = 30.0     # longest wait for a free worker (503 past it)
     tmp_dir: Path | None = None       # where uploads are written while diagnosed
     max_files: int = 20_000           # files of one upload
+    max_json_mb: float = 64           # largest JSON body (it is decoded in memory; 413 past it)
+    body_slots: int | None = None     # JSON bodies over 1 MiB read at once (default workers_max + 2); 503 past it
+    allowed_hosts: tuple[str, ...] = ()    # Host header names accepted besides loopback ("*": any)
+    allowed_origins: tuple[str, ...] = ()  # browser origins (scheme://host[:port]) allowed to POST
+    header_timeout_s: float = 10.0    # a connection must send a complete request head within this
+    read_timeout_s: float = 15.0      # longest pause between two pieces of a request body (408 past it)
+    body_timeout_s: float = 300.0     # longest time to receive a whole request body (408 past it)
+    keep_alive_s: int = 5             # an idle kept-alive connection is closed after this
+    max_connections: int = 256        # open connections and requests at once (503 past it)
+    tokens_file: Path | None = None   # bearer tokens (hashes, scopes, limits); None: $FAULTLINE_TOKENS, else open
+    sessions_db: Path | None = None   # the sessions' DuckDB file (default <data dir>/service/sessions.duckdb)
+    session_ttl_s: float = 24 * 3600  # a session expires this long after its last change
+    max_sessions: int = 1000          # sessions kept at once (429 past it)
+    max_session_lines: int = 2_000_000
+    max_session_mb: float = 256       # log text one session may hold
+    max_session_batches: int = 10_000
+    drains_per_cluster_hour: int = 4  # action guard: node actions approved per cluster in any hour
+    drains_per_job: int = 2           # action guard: nodes of one job
+    drain_max_fraction: float = 0.25  # action guard: never more than this share of a job's nodes
+    webhook_url: str | None = None    # receives every final verdict (JSON, HMAC-signed)
+    webhook_secret_env: str = "FAULTLINE_WEBHOOK_SECRET"  # the environment variable holding the HMAC key
+    webhook_retries: int = 5          # attempts after the first, with exponential backoff
+    webhook_backoff_s: float = 1.0    # first wait between attempts (doubling, at most 60 s)
 
     def __post_init__(self):
         if self.max_body_mb <= 0:
@@ -34,6 +59,28 @@ class Settings:
             raise ValueError("--workers-max must be at least 1")
         if self.queue_timeout_s < 0:
             raise ValueError("--queue-timeout must not be negative")
+        if self.max_json_mb <= 0:
+            raise ValueError("--max-json-mb must be positive")
+        for name in ("header_timeout_s", "read_timeout_s", "body_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name[:-2].replace('_', '-')} must be positive")
+        if self.max_connections < 1:
+            raise ValueError("--max-connections must be at least 1")
+
+    @property
+    def max_json_bytes(self) -> int:
+        return min(int(self.max_json_mb * MIB), self.max_body_bytes)
+
+    @property
+    def json_slots(self) -> int:
+        return self.body_slots if self.body_slots is not None else self.workers_max + 2
+
+    def host_allowed(self, host: str) -> bool:
+        """A Host header value (with or without port) is one the service answers to."""
+        if "*" in self.allowed_hosts:
+            return True
+        name = host_name(host)
+        return name in LOOPBACK_HOSTS or name in {h.lower() for h in self.allowed_hosts}
 
     @property
     def max_body_bytes(self) -> int:
@@ -41,9 +88,32 @@ class Settings:
 
     @classmethod
     def from_args(cls, args) -> Settings:
+        hosts = tuple(args.allowed_host or ())
+        if args.host not in ("0.0.0.0", "::", "") and args.host not in hosts:  # the address it listens on
+            hosts += (args.host,)
         return cls(config=Path(args.config) if args.config else None, rules=tuple(args.rules or ()),
+                   sessions_db=Path(args.sessions_db) if args.sessions_db else None,
+                   tokens_file=Path(args.tokens) if args.tokens else None,
+                   drains_per_cluster_hour=args.drains_per_cluster_hour, drains_per_job=args.drains_per_job,
+                   drain_max_fraction=args.drain_max_fraction, webhook_url=args.webhook_url,
+                   session_ttl_s=args.session_ttl_hours * 3600, max_sessions=args.max_sessions,
+                   max_session_lines=args.max_session_lines, max_session_mb=args.max_session_mb,
                    builtin=not args.no_builtin, max_body_mb=args.max_body_mb, workers_max=args.workers_max,
-                   queue_timeout_s=args.queue_timeout, tmp_dir=Path(args.tmp_dir) if args.tmp_dir else None)
+                   queue_timeout_s=args.queue_timeout, tmp_dir=Path(args.tmp_dir) if args.tmp_dir else None,
+                   max_json_mb=args.max_json_mb, allowed_hosts=hosts, allowed_origins=tuple(args.allowed_origin or ()),
+                   header_timeout_s=args.header_timeout, read_timeout_s=args.read_timeout,
+                   body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive,
+                   max_connections=args.max_connections)
+
+
+def host_name(host: str) -> str:
+    """`Host` header -> the bare lower-case name: `[::1]:8080` -> `::1`, `Example:80` -> `example`."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    if host.count(":") == 1:
+        return host.split(":")[0]
+    return host
 
 
 def config_location(config: Path | None) -> tuple[Path, Path, bool]:

@@ -18,8 +18,8 @@ T = TypeVar("T")
 
 
 class Busy(Exception):
-    def __init__(self, waited_s: float, size: int):
-        super().__init__(f"all {size} diagnosis workers stayed busy for {waited_s:.1f} s")
+    def __init__(self, waited_s: float, size: int, what: str = "diagnosis workers"):
+        super().__init__(f"all {size} {what} stayed busy for {waited_s:.1f} s")
         self.waited_s, self.size = waited_s, size
 
 
