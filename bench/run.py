@@ -103,7 +103,8 @@ def _diagnose_frame(df, jobs, rs, lits):
     import polars as pl
 
     from faultline.logparse import detail_exprs
-    from faultline.pipeline import COVERAGE_SCHEMA, STATS_SCHEMA, Evidence, run_engine
+    from faultline.evidence import COVERAGE_SCHEMA, STATS_SCHEMA, Evidence
+    from faultline.pipeline import run_engine
     from faultline.rules.extract import KEY, LOG_SCHEMA, extract_logs, prefilter_expr
     from faultline.taxonomy import SOURCES
 

@@ -104,7 +104,8 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
     retry_after = now - timedelta(minutes=cfg.logs_retry_minutes)
     hold: datetime | None = None
     out = {"cluster": cluster_name, "start": read_from.isoformat(), "end": read_to.isoformat(), "jobs": 0,
-           "failed": 0, "held": 0, "allocations": 0, "logs": 0, "coverage": 0, "batches": [], "errors": []}
+           "failed": 0, "held": 0, "allocations": 0, "logs": 0, "coverage": 0, "metrics": 0, "batches": [],
+           "errors": []}
     pieces = day_pieces(read_from, read_to)
     for n, (a, b) in enumerate(pieces):
         known = wh.read_window("jobs", a, b - timedelta(microseconds=1), [cluster_name])
@@ -148,7 +149,7 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
             if events.height:
                 tx.write("node_events", events.with_columns(date=pl.col("ts").dt.date()))
             if got.metrics is not None and got.metrics.height:  # partitioned by the sample's own day
-                out["metrics"] = out.get("metrics", 0) + tx.write(
+                out["metrics"] += tx.write(
                     "metrics", got.metrics.with_columns(date=pl.col("ts").dt.date()))
         crashpoints.point("collect.committed")
         cur = new_cursor

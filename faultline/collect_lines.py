@@ -1,0 +1,128 @@
+"""The collect step over lines of one job, whatever they come from (files on disk, an upload, lines that
+arrived over HTTP): blocks of lines in -> Evidence out.
+
+Every line is counted for who spoke (node from the line, else the file's or client's node; rank
+likewise) and for training progress; only lines holding a rule literal are parsed in full and matched;
+symptoms are ordered by block, then rule, then line. Memory: the candidate lines and per-rank counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import polars as pl
+
+from faultline.collectors import files as filecol
+from faultline.evidence import (JOBS_SCHEMA, PROGRESS_SCHEMA, STATS_SCHEMA, Evidence, file_coverage)
+from faultline.logparse import PROGRESS, TS_DTYPE, detail_exprs, identity_exprs
+from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_logs, prefilter_expr, prefilter_literals
+from faultline.rules.model import Ruleset
+
+PARSE_BATCH_ROWS = 1 << 17  # lines of small files parsed together (a 16 MiB block alone is about this)
+EXTRACT_BATCH_ROWS = 1 << 18  # candidate lines gathered before one extract (bounds memory)
+
+
+@dataclass
+class JobMeta:
+    cluster: str = "local"
+    job_id: str = "job"
+    attempt: int = 0
+    state: str = "UNKNOWN"
+    exit_code: int | None = None
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+
+
+class LineCollector:
+    """Blocks of lines of one job -> Evidence. Memory: the candidate lines and per-rank counts only."""
+
+    def __init__(self, ruleset: Ruleset, job: JobMeta, year: int):
+        self.ruleset, self.job, self.year = ruleset, job, year
+        self.literals = prefilter_literals(ruleset)
+        self.key = {"cluster": job.cluster, "job_id": job.job_id, "attempt": job.attempt}
+        self.reports: list[filecol.FileReport] = []
+        self._raw: list[pl.DataFrame] = []
+        self._pending: list[pl.DataFrame] = []
+        self._symptoms: list[pl.DataFrame] = []
+        self._stats: list[pl.DataFrame] = []
+        self._progress: list[pl.DataFrame] = []
+        self._blocks = 0
+
+    def report(self, name: str, source: str, node: str | None, rank: int | None) -> filecol.FileReport:
+        rep = filecol.FileReport(name, source, node, rank)
+        self.reports.append(rep)
+        return rep
+
+    def add(self, block: pl.DataFrame, rep: filecol.FileReport, seq0: int) -> int:
+        """One block of one file: column `line`, optionally `_fnode`/`_frank`/`_fsource` (what the client
+        said per line) and `_rts` (the time a source received the line). Returns the next seq."""
+        n = block.height
+        if n == 0:
+            return seq0
+        cols = {"source": pl.lit(rep.source), "_fnode": pl.lit(rep.node, pl.String),
+                "_frank": pl.lit(rep.rank, pl.Int32), "_rts": pl.lit(None, TS_DTYPE)}
+        extra = {k: v for k, v in cols.items() if k not in block.columns}
+        if "_fsource" in block.columns:
+            extra["source"] = pl.coalesce(pl.col("_fsource"), pl.lit(rep.source))
+        self._raw.append(block.with_columns(
+            **extra, file=pl.lit(rep.path), seq=pl.int_range(seq0, seq0 + n, dtype=pl.Int64),
+            _blk=pl.lit(self._blocks, pl.Int64)).select(
+            "line", "source", "file", "seq", pl.col("_fnode").cast(pl.String), pl.col("_frank").cast(pl.Int32),
+            pl.col("_rts").cast(TS_DTYPE), "_blk"))
+        self._blocks += 1
+        rep.lines += n
+        if sum(r.height for r in self._raw) >= PARSE_BATCH_ROWS:
+            self._parse()
+        return seq0 + n
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        cand = pl.concat(self._pending, how="vertical")
+        self._pending.clear()
+        sym = extract_logs(cand.drop("_blk"), self.ruleset, self.literals)
+        if sym.height:
+            sym = (sym.join(cand.select("file", "seq", "_blk"), on=["file", "seq"], how="left", maintain_order="left")
+                   .sort("_blk", maintain_order=True).drop("_blk"))
+        self._symptoms.append(sym)
+
+    def _parse(self) -> None:
+        if not self._raw:
+            return
+        ident = identity_exprs()
+        lines = pl.concat(self._raw, how="vertical").with_columns(
+            node=pl.coalesce(ident["node"], pl.col("_fnode")), rank=pl.coalesce(ident["rank"], pl.col("_frank")),
+            cluster=pl.lit(self.job.cluster), job_id=pl.lit(self.job.job_id),
+            attempt=pl.lit(self.job.attempt, pl.Int32))
+        self._raw.clear()
+        self._stats.append(lines.group_by([*KEY, "node", "rank"]).agg(lines=pl.len().cast(pl.Int64)))
+        self._progress.append(lines.filter(pl.col("line").str.contains(PROGRESS))
+                              .group_by([*KEY, "file"]).agg(last_progress=pl.col("seq").max()))
+        cand = lines.filter(prefilter_expr(self.literals))
+        if cand.height:
+            d = detail_exprs(self.year)
+            cand = cand.with_columns(local_rank=d["local_rank"], gpu=d["gpu"],
+                                     ts=pl.coalesce(d["ts"], pl.col("_rts")))  # the line's own time wins
+            self._pending.append(cand.select(*LOG_SCHEMA, "_blk"))
+            if sum(c.height for c in self._pending) >= EXTRACT_BATCH_ROWS:
+                self._flush()
+
+    def evidence(self) -> Evidence:
+        self._parse()
+        self._flush()
+        for rep in self.reports:
+            if rep.status == "ok" and rep.lines == 0:
+                rep.status, rep.reason = "empty", "file has no lines"
+        symptoms = (pl.concat(self._symptoms, how="vertical") if self._symptoms
+                    else pl.DataFrame(schema=SYMPTOM_SCHEMA))
+        stats = (pl.concat(self._stats).group_by([*KEY, "node", "rank"]).agg(pl.col("lines").sum())
+                 if self._stats else pl.DataFrame(schema=STATS_SCHEMA))
+        j = self.job
+        jobs = pl.DataFrame([{**self.key, "state": j.state, "exit_code": j.exit_code, "signal": None,
+                              "start_time": j.start_time, "end_time": j.end_time}], schema=JOBS_SCHEMA)
+        progress = (pl.concat(self._progress).group_by([*KEY, "file"]).agg(pl.col("last_progress").max())
+                    if self._progress else pl.DataFrame(schema=PROGRESS_SCHEMA))
+        return Evidence(jobs=jobs, symptoms=symptoms, stats=stats.cast(STATS_SCHEMA),
+                        coverage=file_coverage(self.reports, self.key), files=self.reports,
+                        progress=progress.cast(PROGRESS_SCHEMA))
