@@ -160,3 +160,20 @@ def test_a_nan_warning_the_run_went_on_past_is_not_the_cause(write, ruleset):
     q = write("job2/train.log", "[rank0]: {'loss': 1.9312, 'grad_norm': 0.83, 'epoch': 0.12}",
               "[rank0]: iteration 100: loss = nan")
     assert diagnose_files([q], ruleset)["outcome"] == "numerical_nan"
+
+
+def test_the_only_host_a_log_names_is_not_blamed_for_a_network_fault_it_reports(write, ruleset):
+    # one node's lines of a many-node job: the refused peer is elsewhere; r11i6n2 only noticed
+    p = write("job/train.log",
+              "r11i6n2:1234:1300 [0] NCCL INFO Bootstrap : Using ib0:10.148.3.10<0>",
+              "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8")
+    d = diagnose_files([p], ruleset)
+    assert d["culprit"]["nodes"] == []
+
+
+def test_a_hardware_line_without_a_host_is_placed_on_the_jobs_only_host_at_reduced_confidence(write, ruleset):
+    p = write("job/train.log", "gpu-a-07:1234:1300 [0] NCCL INFO Bootstrap : Using ib0:10.1.0.7<0>",
+              "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "gpu_hardware" and d["culprit"]["nodes"] == ["gpu-a-07"]
+    assert d["confidence"] != "high" and "only host the logs name" in d["confidence_reason"]

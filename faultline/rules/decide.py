@@ -104,12 +104,18 @@ def single_host(stats: pl.DataFrame) -> pl.DataFrame:
 
 
 def place_on_single_host(active: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFrame:
-    """A line that blames its printer but carries no host (`CUDA error: uncorrectable ECC` with no
-    prefix) was printed on the job's one host when every line that names a host names the same one."""
-    out = active.join(single_host(stats), on=KEY, how="left", maintain_order="left")
-    fill = (pl.col("implicates") == "self") & pl.col("target_node").is_null() & pl.col("only_node").is_not_null()
+    """A hardware line that blames its printer but carries no host (`CUDA error: uncorrectable ECC` with
+    no prefix) was printed on the job's one host when every line that names a host names the same one.
+    Only hardware faults, and only in jobs with no sign of other hosts (a peer named, a network fault):
+    a pasted excerpt often shows one node's lines of a many-node job, and the fault may be elsewhere."""
+    others = (active.filter((pl.col("implicates") == "peer") | (pl.col("domain") == "network"))
+              .select(KEY).unique().with_columns(_others=pl.lit(True)))
+    out = (active.join(single_host(stats), on=KEY, how="left", maintain_order="left")
+           .join(others, on=KEY, how="left", maintain_order="left"))
+    fill = ((pl.col("implicates") == "self") & (pl.col("domain") == "hardware") & pl.col("target_node").is_null()
+            & pl.col("only_node").is_not_null() & pl.col("_others").is_null())
     return out.with_columns(target_node=pl.when(fill).then(pl.col("only_node")).otherwise(pl.col("target_node")),
-                            node_inferred=fill).drop("only_node")
+                            node_inferred=fill).drop("only_node", "_others")
 
 
 def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> pl.DataFrame:
@@ -320,6 +326,8 @@ def _confidence() -> pl.Expr:
              .when(pl.col("inference").is_in(["silent_seen", "laggard"])).then(1)
              .otherwise(0))
     level = level - pl.col("peer_unresolved").cast(pl.Int32)
+    # a node inferred from the job naming one host, not from the line: never enough to drain unasked
+    level = level - (pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0)).cast(pl.Int32)
     # A failed log source may hold the root cause this verdict lacks (the GPU's Xid in a syslog that
     # could not be read, behind the timeouts the applog shows). A root signature stands on its own;
     # the scheduler's COMPLETED too.
