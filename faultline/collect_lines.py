@@ -15,7 +15,7 @@ import polars as pl
 
 from faultline.collectors import files as filecol
 from faultline.evidence import (JOBS_SCHEMA, PROGRESS_SCHEMA, STATS_SCHEMA, Evidence, file_coverage)
-from faultline.logparse import PROGRESS, TS_DTYPE, detail_exprs, identity_exprs
+from faultline.logparse import TS_DTYPE, detail_exprs, identity_exprs, progress_lines
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
 
@@ -97,7 +97,7 @@ class LineCollector:
             attempt=pl.lit(self.job.attempt, pl.Int32))
         self._raw.clear()
         self._stats.append(lines.group_by([*KEY, "node", "rank"]).agg(lines=pl.len().cast(pl.Int64)))
-        self._progress.append(lines.filter(pl.col("line").str.contains(PROGRESS))
+        self._progress.append(progress_lines(lines)
                               .group_by([*KEY, "file"]).agg(last_progress=pl.col("seq").max()))
         cand = lines.filter(prefilter_expr(self.literals))
         if cand.height:

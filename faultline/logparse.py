@@ -95,7 +95,14 @@ def _to_ts(date: pl.Expr, clock: pl.Expr, offset: pl.Expr | None = None) -> pl.E
 
 # A training step that printed a finite loss (`lm loss: 2.11E+00`, `{'loss': 1.93`, `loss=3.92`): the run
 # went on. Read once per line, kept as the last such line per file (no symptom rows: step lines are many).
-PROGRESS = r"(?i)(?:^|[^a-z_])(?:lm |train_|training_|reduced_train_|avg_)?loss['\"]?\s*(?:[:=]|value:)\s*['\"]?(?:tensor\()?\s*-?\d+(?:\.\d+)?(?:e[+-]?\d+)?\b"
+PROGRESS = r"(?i)loss['\"]?\s*(?:[:=]|value:)\s*['\"]?(?:tensor\()?\s*-?\d"
+
+
+def progress_lines(lines: pl.DataFrame) -> pl.DataFrame:
+    """The lines of `lines` that show training progress: a cheap literal pass first (most lines hold no
+    "loss"), the regex only on those that do."""
+    has = pl.col("line").str.contains_any(["loss", "Loss", "LOSS"])
+    return lines.filter(has).filter(pl.col("line").str.contains(PROGRESS))
 
 
 def _not_source_file(host: pl.Expr) -> pl.Expr:

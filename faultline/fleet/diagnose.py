@@ -10,7 +10,7 @@ import polars as pl
 
 from faultline.pipeline import Evidence, Result, run_engine
 from faultline.rules.decide import DecideConfig
-from faultline.logparse import PROGRESS, detail_exprs
+from faultline.logparse import detail_exprs, progress_lines
 from faultline.rules.extract import extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.metric import extract_metrics
 from faultline.rules.model import Ruleset
@@ -40,7 +40,7 @@ def evidence_from_tables(jobs: pl.DataFrame, logs: pl.DataFrame, coverage: pl.Da
         symptoms = pl.concat([symptoms, extract_metrics(metrics, failed, ruleset)])
     cov = coverage.join(failed.select(JOB_KEY), on=JOB_KEY, how="semi").select(
         *JOB_KEY, "source", "status", "rows", "reason")
-    progress = (logs.filter(pl.col("line").str.contains(PROGRESS))
+    progress = (progress_lines(logs)
                 .group_by([*JOB_KEY, "file"]).agg(last_progress=pl.col("seq").max()))
     return Evidence(jobs=failed.select(*JOB_KEY, "state", "exit_code", "signal", "start_time", "end_time"),
                     symptoms=symptoms, stats=stats, coverage=cov, progress=progress)
