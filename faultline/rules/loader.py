@@ -287,14 +287,14 @@ def discover_packs(extra: list[Path] | None = None, builtin: bool = True) -> lis
 
 
 def _cache_file(dirs: list[Path]) -> Path | None:
-    """Where the validated ruleset of exactly these pack files (and this loader and model code) is kept.
+    """Where the validated ruleset of exactly these pack files (and this loader, model and taxonomy) is kept.
     FAULTLINE_CACHE_DIR, else $XDG_CACHE_HOME/faultline or ~/.cache/faultline; `off` disables it."""
     where = os.environ.get("FAULTLINE_CACHE_DIR") or str(
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "faultline")
     if where == "off":
         return None
     key = hashlib.sha256()
-    for code in (Path(__file__), Path(__file__).with_name("model.py")):
+    for code in (Path(__file__), Path(__file__).with_name("model.py"), Path(taxonomy.__file__)):
         key.update(code.read_bytes())
     for d in dirs:
         for f in sorted(p for p in d.iterdir() if p.suffix in (".yaml", ".yml", ".csv")):
