@@ -27,6 +27,7 @@ import httpx
 import polars as pl
 import tenacity
 
+from faultline.collectors.http import json_answer
 from faultline.warehouse.schema import JOB_KEY, TABLES
 
 QUERY_RANGE = "/api/v1/query_range"
@@ -215,20 +216,8 @@ class PrometheusClient:
             self.http.close()
 
     def _once(self, params: dict) -> list[dict]:
-        try:
-            r = self.http.post(QUERY_RANGE, data=params)
-        except httpx.TimeoutException:
-            raise _Retryable(f"timed out after {self.s.timeout_s:g} s") from None
-        except httpx.TransportError as exc:
-            raise _Retryable(f"cannot reach {self.s.url}: {exc or type(exc).__name__}") from None
-        if r.status_code == 429 or r.status_code >= 500:
-            raise _Retryable(f"HTTP {r.status_code}: {_reason(r)}")
-        if r.status_code != 200:
-            raise PrometheusError(f"HTTP {r.status_code}: {_reason(r)}")
-        try:
-            doc = r.json()
-        except ValueError:
-            raise PrometheusError(f"response is not JSON: {r.text[:80]!r}") from None
+        doc = json_answer(lambda: self.http.post(QUERY_RANGE, data=params), self.s.url, self.s.timeout_s,
+                          PrometheusError, _Retryable, _reason)
         data = doc.get("data") if isinstance(doc, dict) else None
         if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(data, dict):
             raise PrometheusError(f"response is not a success: {str(doc)[:120]}")

@@ -23,6 +23,7 @@ import httpx
 import polars as pl
 import tenacity
 
+from faultline.collectors.http import json_answer
 from faultline.collectors.slurm import NODE_EVENTS_SCHEMA, STATE_MAP, expand_hostlists, node_event_kind
 from faultline.warehouse.schema import TABLES
 
@@ -114,20 +115,8 @@ class SlurmRestClient:
         return " ".join(r.text.split())[:200] or r.reason_phrase
 
     def _once(self, path: str, params: dict | None) -> dict:
-        try:
-            r = self.http.get(path, params=params, headers=self._headers)
-        except httpx.TimeoutException:
-            raise _Retryable(f"timed out after {self.s.timeout_s:g} s") from None
-        except httpx.TransportError as exc:
-            raise _Retryable(f"cannot reach {self.s.url}: {exc or type(exc).__name__}") from None
-        if r.status_code == 429 or r.status_code >= 500:
-            raise _Retryable(f"HTTP {r.status_code}: {self._reason(r)}")
-        if r.status_code != 200:
-            raise SlurmRestError(f"HTTP {r.status_code}: {self._reason(r)}")
-        try:
-            doc = r.json()
-        except ValueError:
-            raise SlurmRestError(f"response is not JSON: {r.text[:80]!r}") from None
+        doc = json_answer(lambda: self.http.get(path, params=params, headers=self._headers), self.s.url,
+                          self.s.timeout_s, SlurmRestError, _Retryable, self._reason)
         if not isinstance(doc, dict):
             raise SlurmRestError("response is not a JSON object")
         errors = [e for e in doc.get("errors") or [] if isinstance(e, dict) and (e.get("error") or e.get("description"))]
