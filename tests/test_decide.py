@@ -177,3 +177,15 @@ def test_a_hardware_line_without_a_host_is_placed_on_the_jobs_only_host_at_reduc
     d = diagnose_files([p], ruleset)
     assert d["outcome"] == "gpu_hardware" and d["culprit"]["nodes"] == ["gpu-a-07"]
     assert d["confidence"] != "high" and "only host the logs name" in d["confidence_reason"]
+
+
+def test_a_fault_that_spreads_node_after_node_is_systemic_not_the_first_nodes(write, ruleset):
+    # a health check failing on node after node for an hour: the first two are not "the" culprit
+    lines = [f"[2025-07-04T0{h}:{m:02d}:23.932] update_node: node cpu-dy-{n} reason set to: Scheduler health check failed"
+             for h, m, n in [(0, 54, 8), (0, 54, 10), (1, 0, 22), (1, 1, 11), (1, 14, 1), (2, 10, 12)]]
+    d = diagnose_files([write("slurmctld.log", *lines)], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"] == NOBODY
+    assert "not in one place" in d["confidence_reason"]
+    # the same reason on one node of a job that shows six is that node's
+    d = diagnose_files([write("one/slurmctld.log", lines[2], *[f"cpu-dy-{n}: step 3 started" for n in (8, 10, 11, 1, 12)])], ruleset)
+    assert d["culprit"]["nodes"] == ["cpu-dy-22"]

@@ -256,7 +256,13 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
                                      n_ranks=pl.col("rank").drop_nulls().n_unique())
     verdict = verdict.join(spread, on=KEY, how="left")
     n_cul_nodes, n_cul_ranks = pl.col("culprit_nodes").list.len(), pl.col("culprit_ranks").list.len()
-    everywhere = (pl.when(n_cul_nodes == 1).then(False)  # one node is one place, however many ranks
+    # The winning cause seen on most of the job's nodes over time, not only on the first ones
+    # (a health check failing node after node for two hours): a systemic fault, not one place.
+    n_cause_nodes = pl.col("cause_nodes").list.len().fill_null(0)
+    verdict = verdict.join(winners.select(*KEY, cause_nodes="nodes"), on=KEY, how="left")
+    systemic = (n_cause_nodes >= 3) & (n_cause_nodes * 2 >= pl.col("n_nodes").fill_null(0))
+    everywhere = (pl.when(systemic).then(True)
+                  .when(n_cul_nodes == 1).then(False)  # one node is one place, however many ranks
                   .when(n_cul_ranks > 0).then((n_cul_ranks >= 2) & (n_cul_ranks * 2 >= pl.col("n_ranks").fill_null(0)))
                   .otherwise((n_cul_nodes >= 3) & (n_cul_nodes * 2 >= pl.col("n_nodes").fill_null(0))))
     verdict = verdict.with_columns(widespread=everywhere & pl.col("inference").is_null())
