@@ -59,9 +59,11 @@ _PROMPT = r"^(?:\([\w.\-]+\)\s)?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*):[~/][^$#\n]
 # names with parentheses (`(MapBatches(fn) pid=...)`), IPv6 addresses.
 _RAY = r"^\((?:[^\s()]+(?:\([^()\n]*\))*\s)?(?:pid=\d+|raylet),\s*ip=([0-9A-Fa-f.:]+)\)"
 _KUBECTL = r"^\[pod/([a-z0-9][a-z0-9.\-]*)/[^\]]+\] "
-_SYSLOG = (r"^(?:<\d+>)?([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?) "
+# grep -r / -H output puts the file's name first (`messages:Jun 17 ...`, `/var/log/syslog:2024-...`).
+_GREP_FILE = r"(?:[\w./\-]+:)?"
+_SYSLOG = (r"^" + _GREP_FILE + r"(?:<\d+>)?([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?) "
            r"([A-Za-z0-9][A-Za-z0-9.\-]*) (?:kernel|[A-Za-z0-9_.\-/]+(?:\[\d+\])?):")
-_JOURNAL = (r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?)(Z|[+-]\d{2}:?\d{2})? "
+_JOURNAL = (r"^" + _GREP_FILE + r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?)(Z|[+-]\d{2}:?\d{2})? "
             r"([A-Za-z0-9][A-Za-z0-9.\-]*) (?:kernel|[A-Za-z0-9_.\-/]+(?:\[\d+\])?):")
 _DMESG_T = r"^\[(?:[A-Z][a-z]{2}) ([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d{2}:\d{2}:\d{2}) (\d{4})\]"
 _GLOG = r"(?:^|[\]:\s])\[?[EWIF](\d{1,2})(\d{2}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?) "

@@ -35,6 +35,9 @@ def utc(*a) -> datetime:
     ("[PG 3 Rank 1] Watchdog caught collective operation timeout", None, None, None, None),
     ("[PG ID 0 PG GUID 0 Rank 5] Watchdog caught collective operation timeout", None, 5, None, None),
     ("Jun  9 11:49:36 dgx-a100-07 kernel: NVRM: Xid (PCI:0000:3b:00): 79", "dgx-a100-07", None, None, None),
+    # grep -r output: the file's name before the syslog line
+    ("messages:Jun 17 20:18:08 ip-10-0-3-7 kernel: INFO: task python:881 blocked", "ip-10-0-3-7", None, None, None),
+    ("/var/log/syslog:2024-06-09T11:49:36+0000 gpu-a-3 kernel: NVRM: Xid", "gpu-a-3", None, None, None),
     ("[pod/llama-worker-3/pytorch] [rank24]: hello", "llama-worker-3", 24, None, None),
     ("plain line with no prefix at all", None, None, None, None),
     ("2023-07-26 09:59:13.215 | INFO | utils.train:__init__:41 -", None, None, None, None),
