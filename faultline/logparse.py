@@ -37,7 +37,8 @@ MONTHS = {m: f"{i:02d}" for i, m in enumerate(
 HOST_WORD_LONG = r"(?:node|host|gpu|worker|compute|dgx|hgx|srv|server|hpc|a100|h100|h200|b200|gb200|trn|p4d|p5)"
 HOST_WORD_SHORT = r"(?:cn|nid|ip|n)"  # too short to mean a host unless a digit follows
 HOST_WORD = r"(?:" + HOST_WORD_LONG + "|" + HOST_WORD_SHORT + ")"
-_HOSTNAME = HOST_WORD + r"[\-_]?[A-Za-z0-9]*\d[A-Za-z0-9]*(?:[\-.][A-Za-z0-9]+)*"
+# letters-only segments may come before the one with the digit: gpu-q-13, node-a-0007
+_HOSTNAME = HOST_WORD + r"[\-_]?(?:[A-Za-z]+[\-_.])*[A-Za-z0-9]*\d[A-Za-z0-9]*(?:[\-.][A-Za-z0-9]+)*"
 _PDSH = r"^(?i:(" + _HOSTNAME + r")): "
 _BRACKET_HOST = r"^\[(?i:(" + _HOSTNAME + r"))\] "
 _TORCHRUN_RANK = r"\[rank(\d{1,6})\]:"

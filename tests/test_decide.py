@@ -189,3 +189,17 @@ def test_a_fault_that_spreads_node_after_node_is_systemic_not_the_first_nodes(wr
     # the same reason on one node of a job that shows six is that node's
     d = diagnose_files([write("one/slurmctld.log", lines[2], *[f"cpu-dy-{n}: step 3 started" for n in (8, 10, 11, 1, 12)])], ruleset)
     assert d["culprit"]["nodes"] == ["cpu-dy-22"]
+
+
+def test_a_workload_fault_that_names_only_its_gpu_names_that_gpu(write, ruleset):
+    p = write("train.log", "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 564.00 MiB. "
+              "GPU 1 has a total capacity of 22.20 GiB of which 203.12 MiB is free.")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "cuda_oom" and d["culprit"]["gpus"] == [1] and d["culprit"]["nodes"] == []
+    assert d["recommended_action"]["action"] not in ("drain_node", "reset_gpu")
+    # a machine fault naming a GPU index on no known host names no culprit
+    p = write("other/train.log", "gpu-a-1:11:12 [0] NCCL INFO Bootstrap : Using ib0:10.0.0.1<0>",
+              "gpu-a-2:11:12 [0] NCCL INFO Bootstrap : Using ib0:10.0.0.2<0>",
+              "Detected 2 volatile double-bit ECC error(s) in GPU 3.")
+    d = diagnose_files([p], ruleset)
+    assert d["culprit"]["gpus"] == [] and d["culprit"]["nodes"] == []

@@ -66,8 +66,12 @@ def culprits(active: pl.DataFrame, winners: pl.DataFrame, cfg: DecideConfig) -> 
     tol = pl.duration(microseconds=int(cfg.skew_s * 1e6))
     rows = active.join(winners.select(*KEY, "outcome", t_win="t"), on=[*KEY, "outcome"])
     rows = rows.filter(pl.col("tier") == pl.col("tier").min().over(KEY))
+    # A GPU index alone (no host, no rank) says where a workload fault struck (`GPU 1 has a total
+    # capacity of ...`); for a machine fault it would name a GPU on an unknown node: not a culprit.
+    gpu_only = pl.col("target_gpu").is_not_null() & (pl.col("domain") == "workload")
     blamed = rows.filter(pl.col("target_node").is_not_null() | pl.col("target_rank").is_not_null()
-                         | pl.col("target_gpu_pci").is_not_null() | pl.col("target_local_rank").is_not_null())
+                         | pl.col("target_gpu_pci").is_not_null() | pl.col("target_local_rank").is_not_null()
+                         | gpu_only)
     first = blamed.group_by([*KEY, "target_node", "target_rank", "target_local_rank", "target_gpu",
                              "target_gpu_pci"]).agg(
         t=pl.col("ts").min(), unresolved=pl.col("peer_unresolved").any(), inferred=pl.col("node_inferred").all())
