@@ -387,3 +387,4 @@ def test_config_reports_every_error_at_once(tmp_path):
                  "cluster 't': kind must be one of ('slurm', 'kubernetes')"):
         assert part in msg, msg
     assert len(msg.splitlines()) == 5
+
