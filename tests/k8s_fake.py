@@ -17,7 +17,7 @@ kubelet's container log options), not from faultline's client:
   type; paged like pods.
 - `GET /api/v1/nodes/{name}`; 404 Status `nodes "x" not found`.
 - `GET /apis/kueue.x-k8s.io/v1beta1/namespaces/{ns}/workloads` (and cluster-wide): a custom resource
-  list (WorkloadList), paged.
+  list (WorkloadList), paged; fieldSelector metadata.name / metadata.namespace (what CRDs support).
 - Bearer tokens: none or unknown -> 401 Unauthorized; a token without a permission -> 403 Forbidden
   with the RBAC message ("pods is forbidden: User ... cannot list resource ...").
 Fault injection: `fault(kind, times, path)` for the next matching requests: "500", "503", "timeout"
@@ -288,7 +288,8 @@ class FakeKube:
             if not self._allowed(token, "list", "workloads"):
                 return self._forbid(h, "list", "workloads", "kueue.x-k8s.io", m.group(1))
             items = [{"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", **w} for w in self.workloads
-                     if m.group(1) is None or w["metadata"]["namespace"] == m.group(1)]
+                     if (m.group(1) is None or w["metadata"]["namespace"] == m.group(1))
+                     and field_match(q.get("fieldSelector", ""), w, ("metadata.name", "metadata.namespace"))]
             return self._list(h, "WorkloadList", "kueue.x-k8s.io/v1beta1", items, q, expire)
         self._send(h, 404, status(404, "NotFound", "the server could not find the requested resource"))
 

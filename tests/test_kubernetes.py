@@ -388,3 +388,20 @@ def test_config_reports_every_error_at_once(tmp_path):
         assert part in msg, msg
     assert len(msg.splitlines()) == 5
 
+
+
+def test_diagnose_one_kubernetes_job_on_demand(fake, tmp_path, ruleset):
+    from faultline.fleet.single import JobNotFound, diagnose_one
+
+    pytorchjob(fake)
+    data = tmp_path / "data"
+    write_config(data, [cluster_cfg(tmp_path, fake.url)])
+    cfg = load_config(data)
+    d = diagnose_one(cfg, "kube", f"{NS}/pytorchjob-llama-4b1c2", ruleset)
+    assert d["outcome"] == "host_oom" and d["culprit"]["nodes"] == ["gpu-a2"]
+    assert {c["source"]: c["status"] for c in d["coverage"]}["k8s_event"] == "ok"
+    assert Warehouse(cfg.warehouse_dir).read("placements").height == 4
+    with pytest.raises(JobNotFound):
+        diagnose_one(cfg, "kube", f"{NS}/no-such-workload", ruleset)
+    with pytest.raises(JobNotFound, match="<namespace>/<workload>"):
+        diagnose_one(cfg, "kube", "12345", ruleset)

@@ -163,3 +163,11 @@ def list_workloads(client: KubeClient, settings: KueueSettings) -> list[dict]:
     for ns in settings.namespaces:
         out += client.list(f"{API}/namespaces/{quote(ns)}/workloads")
     return out
+
+
+def find_workload(client: KubeClient, job_id: str) -> list[dict]:
+    """The Workload of a job id `<namespace>/<name>` (custom resources take metadata.name field selectors)."""
+    ns, _, name = job_id.partition("/")
+    if not ns or not name:
+        raise ValueError(f"a Kubernetes job id is <namespace>/<workload>, got {job_id!r}")
+    return client.list(f"{API}/namespaces/{quote(ns)}/workloads", {"fieldSelector": f"metadata.name={name}"})

@@ -166,12 +166,13 @@ def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, marg
                      + metric_errors(metric_cov), samples, events)
 
 
-def collect_kubernetes(cluster: ClusterConfig, start: datetime, end: datetime, margin_minutes: float = 15,
-                       known: pl.DataFrame | None = None, placements: pl.DataFrame | None = None) -> Collected:
+def collect_kubernetes(cluster: ClusterConfig, start: datetime | None, end: datetime | None, margin_minutes: float = 15,
+                       known: pl.DataFrame | None = None, placements: pl.DataFrame | None = None,
+                       job_id: str | None = None) -> Collected:
     """A Kubernetes + Kueue cluster: workloads, their pods' states, logs and events (fleet.k8s_jobs), metrics."""
     from faultline.fleet import k8s_jobs
 
-    got = k8s_jobs.collect(cluster, start, end, margin_minutes, known, placements)
+    got = k8s_jobs.collect(cluster, start, end, margin_minutes, known, placements, job_id=job_id)
     failed = got.jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
     samples, metric_cov = fetch_metrics(cluster, failed, margin_minutes)
     coverage = pl.concat([got.coverage, metric_cov.cast(got.coverage.schema)]) if metric_cov.height else got.coverage

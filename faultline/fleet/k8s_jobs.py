@@ -181,8 +181,10 @@ def _coverage(job: JobPods, logs_on: bool) -> list[dict]:
 
 def collect(cluster: ClusterConfig, start: datetime, end: datetime, margin_minutes: float = 15,
             known: pl.DataFrame | None = None, placements: pl.DataFrame | None = None,
-            http=None, env: dict | None = None, sleep=None, now: datetime | None = None) -> K8sCollected:
-    """Workloads that ended in [start, end) (new or changed against `known`) and what their pods say."""
+            http=None, env: dict | None = None, sleep=None, now: datetime | None = None,
+            job_id: str | None = None) -> K8sCollected:
+    """Workloads that ended in [start, end) (new or changed against `known`) and what their pods say; with
+    `job_id` (`<namespace>/<workload>`), that one workload whenever it ended."""
     from faultline.fleet.collect import new_or_changed  # collect imports this module
 
     now = now or datetime.now(timezone.utc)
@@ -193,9 +195,11 @@ def collect(cluster: ClusterConfig, start: datetime, end: datetime, margin_minut
     selectors = logs or k8s.PodLogSettings()
     client = k8s.KubeClient(api, http=http, env=env, sleep=sleep)
     try:
-        items = kueue.list_workloads(client, sched)  # the scheduler failing fails the collect (retried by Prefect)
+        # the scheduler failing fails the collect (retried by Prefect; the cursor stays)
+        items = kueue.find_workload(client, job_id) if job_id else kueue.list_workloads(client, sched)
         jobs, targets, wl_lines = kueue.workloads_to_frames(items, cluster.name)
-        jobs = jobs.filter(pl.col("end_time").is_not_null() & (pl.col("end_time") >= start) & (pl.col("end_time") < end))
+        ended = pl.col("end_time").is_not_null()
+        jobs = jobs.filter(ended if job_id else ended & (pl.col("end_time") >= start) & (pl.col("end_time") < end))
         recorded = _recorded(placements, jobs)
         jobs = jobs.drop("nodes").join(recorded, on=JOB_KEY, how="left").with_columns(
             nodes=pl.col("nodes").fill_null(pl.lit([], pl.List(pl.String))))

@@ -20,6 +20,7 @@ Everything runs over frames per cluster and day (Polars joins, DuckDB scans); no
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import date, datetime, timedelta, timezone
 
@@ -55,8 +56,9 @@ def stamp(t: datetime) -> str:
 
 
 def unique_batch(*parts: str) -> str:
-    """A batch name never used before: a batch is written once, so no write replaces another's rows."""
-    return "-".join([*parts, uuid.uuid4().hex[:8]])
+    """A batch name never used before: a batch is written once, so no write replaces another's rows. Parts
+    are made file-name safe (a Kubernetes job id `ns/name`, a heterogeneous Slurm job `12+1`)."""
+    return "-".join([*(re.sub(r"[^A-Za-z0-9._-]", "_", p) for p in parts), uuid.uuid4().hex[:8]])
 
 
 def day_pieces(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:

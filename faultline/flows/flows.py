@@ -12,6 +12,7 @@ record_placements  per Kubernetes cluster: pod -> node of the admitted Kueue wor
 from __future__ import annotations
 
 import os
+import re
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -124,7 +125,8 @@ def diagnose_job(cluster: str, job_id: str, data_dir: str | None = None) -> dict
 
     cfg = load_config(Path(data_dir))
     d = diagnose_one(cfg, cluster, job_id, tasks.ruleset_for(data_dir))
-    create_markdown_artifact(key=f"diagnosis-{cluster}-{job_id}".lower().replace("_", "-")[:60],
+    # artifact keys: lowercase letters, digits and dashes (a Kubernetes job id holds a slash)
+    create_markdown_artifact(key=re.sub(r"[^a-z0-9-]", "-", f"diagnosis-{cluster}-{job_id}".lower())[:60],
                              markdown=f"**{d['outcome']}** ({d['confidence']}): {d['root_cause']}")
     return d
 
