@@ -48,7 +48,14 @@ clusters:
       max_lines_per_job: 2000000                   # past it: first and last half kept, coverage says so
       max_parallel: 4                              # jobs in flight against this Loki
       tail_minutes: 5                              # lines read until this long after a job's end
+  - name: kube-east                                # a Kubernetes cluster with Kueue (docs/fleet.md "Kubernetes")
+    kind: kubernetes
+    kubernetes: {kubeconfig: /etc/faultline/kubeconfig, context: gpu-east}   # or {in_cluster: true}
+    scheduler: {kind: kueue, namespaces: [team-a]} # Workloads are the jobs
+    logs: {kind: kubernetes, previous: true, events: true, limit_bytes: 16777216}
 ```
+
+Every problem of the file is reported at once (one ConfigError, one line per problem with its place).
 """
 
 from __future__ import annotations
