@@ -405,3 +405,20 @@ def test_diagnose_one_kubernetes_job_on_demand(fake, tmp_path, ruleset):
         diagnose_one(cfg, "kube", f"{NS}/no-such-workload", ruleset)
     with pytest.raises(JobNotFound, match="<namespace>/<workload>"):
         diagnose_one(cfg, "kube", "12345", ruleset)
+
+
+def test_the_simulated_kueue_cluster_read_from_its_kubectl_snapshot_scores_right(tmp_path, ruleset):
+    from faultline.evaluate import fleet_scores
+    from faultline.simulate.kube import kube_cluster_config, simulate_kube
+
+    truth = simulate_kube(tmp_path / "sim", "2025-03-03", seed=3)
+    write_config(tmp_path / "data", [kube_cluster_config(tmp_path / "sim")])
+    cfg = load_config(tmp_path / "data")
+    lo, hi = truth["end_time"].min() - timedelta(hours=1), truth["end_time"].max() + timedelta(hours=1)
+    got = collect_cluster(cfg.clusters[0], lo, hi, cfg.margin_minutes)
+    assert got.errors == [] and got.jobs.height == truth.height
+    diagnoses, _ = diagnose_tables(got.jobs, got.logs, got.coverage, ruleset)
+    sc = fleet_scores(diagnoses, truth)
+    assert (sc["jobs"], sc["outcome_right"], sc["culprit_right"], sc["wrong_blames"]) == (4, 4, 2, 0), sc
+    evicted = diagnoses.filter(pl.col("job_id").str.contains("eval-wait")).row(0, named=True)
+    assert evicted["outcome"] == "scheduler_preemption_cancel" and evicted["culprit_nodes"] == []

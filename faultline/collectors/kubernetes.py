@@ -90,6 +90,7 @@ class KubeSettings:
     kubeconfig: str | None = None      # path; default $KUBECONFIG or ~/.kube/config unless in_cluster
     context: str | None = None         # default: the kubeconfig's current-context
     in_cluster: bool = False           # the pod's service account (KUBERNETES_SERVICE_HOST, SA token, CA)
+    snapshot: str | None = None        # a folder of saved kubectl output instead of a server (kube_snapshot)
     timeout_s: float = 30.0
     retries: int = 3
     backoff_s: float = 0.5
@@ -103,7 +104,7 @@ class KubeSettings:
         if unknown:
             errors.append(f"unknown key(s) {unknown}")
         values = {}
-        for key in ("kubeconfig", "context"):
+        for key in ("kubeconfig", "context", "snapshot"):
             v = section.get(key)
             if v is not None and (not isinstance(v, str) or not v):
                 errors.append(f"{key} must be a non-empty string")
@@ -112,8 +113,10 @@ class KubeSettings:
         if not isinstance(v, bool):
             errors.append(f"in_cluster must be true or false, got {v!r}")
         values["in_cluster"] = bool(v)
-        if values["in_cluster"] and values["kubeconfig"]:
-            errors.append("give either in_cluster: true or a kubeconfig, not both")
+        if sum(bool(x) for x in (values["in_cluster"], values["kubeconfig"], values["snapshot"])) > 1:
+            errors.append("give one of in_cluster: true, a kubeconfig or a snapshot folder")
+        if values["snapshot"] and not Path(values["snapshot"]).is_dir():
+            errors.append(f"snapshot {values['snapshot']!r} is not a folder")
         errors += _numbers(section, values, {"timeout_s": (float, 0, True), "retries": (int, 0, False),
                                              "backoff_s": (float, 0, False), "page_limit": (int, 1, False)}, cls)
         if errors:
@@ -326,6 +329,11 @@ class KubeClient:
                  sleep: Callable[[float], None] | None = None):
         self.s = settings
         self._own = http is None
+        if http is None and settings.snapshot:
+            from faultline.collectors.kube_snapshot import SnapshotTransport
+
+            http = httpx.Client(transport=SnapshotTransport(Path(settings.snapshot)), base_url="http://kube-snapshot")
+            self._own = True
         self.http = http if http is not None else make_http(connection(settings, env), settings.timeout_s)
         self.requests = 0
         self._retrying = tenacity.Retrying(
