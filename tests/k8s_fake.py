@@ -174,7 +174,9 @@ class FakeKube:
         self.rv += 1
 
     # ------------------------------------------------------------ server
-    def start(self) -> str:
+    def start(self, tls=None) -> str:
+        """Serve on a free port; `tls` (an ssl.SSLContext) serves https, and a verified client certificate
+        authenticates as its CN (as the apiserver does with --client-ca-file)."""
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -188,8 +190,10 @@ class FakeKube:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"{'https' if tls else 'http'}://127.0.0.1:{self._server.server_address[1]}"
 
     def stop(self) -> None:
         if self._server:
@@ -220,6 +224,10 @@ class FakeKube:
         path, q = unquote(url.path), {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         self.requests.append((path, q))
         token = (h.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        cert = h.connection.getpeercert() if hasattr(h.connection, "getpeercert") else None
+        if not token and cert:  # x509 client certificate: the user is its CN
+            cn = next((v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"), None)
+            token = f"x509:{cn}"
         if token not in self.tokens:
             return self._send(h, 401, status(401, "Unauthorized", "Unauthorized"))
         kind = self._take_fault(h.path)

@@ -422,3 +422,89 @@ def test_the_simulated_kueue_cluster_read_from_its_kubectl_snapshot_scores_right
     assert (sc["jobs"], sc["outcome_right"], sc["culprit_right"], sc["wrong_blames"]) == (4, 4, 2, 0), sc
     evicted = diagnoses.filter(pl.col("job_id").str.contains("eval-wait")).row(0, named=True)
     assert evicted["outcome"] == "scheduler_preemption_cancel" and evicted["culprit_nodes"] == []
+
+
+def _pki(tmp_path):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (CN collector), as PEM bytes."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    now = datetime.now(timezone.utc)
+
+    def make(cn, issuer=None, ca=False, san=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+        b = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer[0].subject if issuer else name)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if san:
+            b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(san))]), critical=False)
+        cert = b.sign(issuer[1] if issuer else key, hashes.SHA256())
+        pem = lambda c, k: (c.public_bytes(serialization.Encoding.PEM),  # noqa: E731
+                            k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.NoEncryption()))
+        return cert, key, pem(cert, key)
+
+    ca = make("fake-kube-ca", ca=True)
+    server = make("kube-apiserver", (ca[0], ca[1]), san="127.0.0.1")
+    user = make("collector", (ca[0], ca[1]))
+    return ca[2], server[2], user[2]
+
+
+def test_tls_with_the_kubeconfigs_ca_data_and_client_certificate(tmp_path):
+    import base64
+    import ssl
+
+    (ca_pem, _), (srv_crt, srv_key), (cl_crt, cl_key) = _pki(tmp_path)
+    for name, data in (("ca.crt", ca_pem), ("srv.crt", srv_crt), ("srv.key", srv_key)):
+        (tmp_path / name).write_bytes(data)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "srv.crt", tmp_path / "srv.key")
+    tls.load_verify_locations(tmp_path / "ca.crt")
+    tls.verify_mode = ssl.CERT_OPTIONAL
+    fake = FakeKube(tokens={"x509:collector": {"*"}})
+    url = fake.start(tls)
+    try:
+        fake.add_pod(pod(NS, "p", "gpu-a1", {"app": "a"}))
+        b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+        doc = {"current-context": "c", "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+               "clusters": [{"name": "k", "cluster": {"server": url, "certificate-authority-data": b64(ca_pem)}}],
+               "users": [{"name": "u", "user": {"client-certificate-data": b64(cl_crt), "client-key-data": b64(cl_key)}}]}
+        (tmp_path / "kc").write_text(yaml.safe_dump(doc))
+        c = k8s.KubeClient(k8s.KubeSettings(kubeconfig=str(tmp_path / "kc"), timeout_s=2, retries=0))
+        assert [p["metadata"]["name"] for p in c.list(f"/api/v1/namespaces/{NS}/pods")] == ["p"]
+        c.close()
+        # the same server, a CA that did not sign it: refused, with the reason
+        doc["clusters"][0]["cluster"]["certificate-authority-data"] = b64(_pki(tmp_path)[0][0])
+        (tmp_path / "kc").write_text(yaml.safe_dump(doc))
+        c = k8s.KubeClient(k8s.KubeSettings(kubeconfig=str(tmp_path / "kc"), timeout_s=2, retries=0))
+        with pytest.raises(k8s.KubeError, match="CERTIFICATE_VERIFY_FAILED"):
+            c.list(f"/api/v1/namespaces/{NS}/pods")
+    finally:
+        fake.stop()
+
+
+@pytest.mark.parametrize("fault, reason", [("500", "HTTP 500: InternalError"), ("malformed", "response is not JSON"),
+                                           ("forbidden", 'workloads.kueue.x-k8s.io is forbidden: User')])
+def test_the_workload_list_failing_fails_the_collect_run_and_commits_nothing(fake, tmp_path, fault, reason):
+    pytorchjob(fake)
+    token = "good-token"
+    if fault == "forbidden":
+        token = "pods-only"
+        fake.tokens[token] = {"list pods"}
+    else:
+        fake.fault(fault, 3, "/workloads")
+    data = tmp_path / "data"
+    write_config(data, [cluster_cfg(tmp_path, fake.url, token)])
+    cfg = load_config(data)
+    with pytest.raises(k8s.KubeError, match=reason):
+        watermark.collect(cfg, "kube", now=T0 + timedelta(hours=1))
+    wh = Warehouse(cfg.warehouse_dir)
+    assert wh.read("jobs").height == 0 and watermark.cursor(wh, "kube") is None  # the next run reads it all again
+    fake.faults.clear()
+    if fault != "forbidden":
+        assert watermark.collect(cfg, "kube", now=T0 + timedelta(hours=1))["failed"] == 1
