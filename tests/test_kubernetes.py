@@ -508,3 +508,15 @@ def test_the_workload_list_failing_fails_the_collect_run_and_commits_nothing(fak
     fake.faults.clear()
     if fault != "forbidden":
         assert watermark.collect(cfg, "kube", now=T0 + timedelta(hours=1))["failed"] == 1
+
+
+def test_a_log_longer_than_limit_bytes_keeps_its_start_and_its_end(fake, tmp_path):
+    pytorchjob(fake)
+    key = (NS, "llama-worker-0", "pytorch", False)
+    fake.logs[key] = [(T0 + timedelta(seconds=i), f"[rank0]: step {i} loss 2.0 " + "x" * 60) for i in range(400)] \
+        + [(T0 + timedelta(minutes=15), WD.format(r=0))]
+    _, got = collect(tmp_path, fake.url, limit_bytes=4096, tail_lines=50)
+    lines = got.logs.filter(pl.col("file") == f"k8s:{NS}/llama-worker-0/pytorch")
+    assert lines["line"][0].startswith("[rank0]: step 0 ") and "Watchdog caught" in lines["line"][-1]
+    assert lines.height < 120 and not lines.select("ts", "line").is_duplicated().any()
+    assert "longer than limit_bytes=4096" in cov(got, "applog")[f"{NS}/pytorchjob-llama-4b1c2"][1]

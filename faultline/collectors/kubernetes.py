@@ -143,6 +143,7 @@ class PodLogSettings:
     previous: bool = True              # the previous container's log when a container restarted
     events: bool = True                # Events of the pods and of their nodes, and node conditions
     limit_bytes: int = 16 << 20        # per container log (the kubelet's limitBytes)
+    tail_lines: int = 20000            # a log longer than limit_bytes: its last lines are read too
     containers: tuple[str, ...] = ()   # only these container names (default: all)
     node_events_namespace: str = "default"  # where the node controller and kubelet record Node events
     pod_selectors: dict = field(default_factory=lambda: dict(DEFAULT_POD_SELECTORS))
@@ -179,7 +180,8 @@ class PodLogSettings:
                           "holding {name}, e.g. 'training.kubeflow.org/job-name={name}'")
             sel = {}
         values["pod_selectors"] = {**DEFAULT_POD_SELECTORS, **sel}
-        errors += _numbers(section, values, {"limit_bytes": (int, 1, False), "max_parallel": (int, 1, False),
+        errors += _numbers(section, values, {"limit_bytes": (int, 1, False), "tail_lines": (int, 1, False),
+                                             "max_parallel": (int, 1, False),
                                              "tail_minutes": (float, 0, False)}, cls)
         if errors:
             raise ValueError("; ".join(errors))
@@ -392,7 +394,7 @@ class KubeClient:
                 return items
 
     def log(self, namespace: str, pod: str, container: str, previous: bool = False,
-            since: datetime | None = None, limit_bytes: int | None = None) -> str:
+            since: datetime | None = None, limit_bytes: int | None = None, tail_lines: int | None = None) -> str:
         """A container's log with the kubelet's timestamps."""
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/log"
         params = {"container": container, "timestamps": "true"}
@@ -402,6 +404,8 @@ class KubeClient:
             params["sinceTime"] = since.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         if limit_bytes:
             params["limitBytes"] = str(limit_bytes)
+        if tail_lines:
+            params["tailLines"] = str(tail_lines)
 
         def once() -> str:
             try:

@@ -151,9 +151,33 @@ def _pod_logs(client: k8s.KubeClient, pod: dict, since: datetime, s: k8s.PodLogS
             except k8s.KubeError as exc:
                 out.log_errors.append(f"{file}: {exc}")
                 continue
+            frame = k8s.log_lines(text, node, file)
             if len(text.encode()) >= s.limit_bytes:
-                out.notes.append(f"{file}: cut at limit_bytes={s.limit_bytes} (the start of the log is kept)")
-            out.lines.append(k8s.log_lines(text, node, file))
+                # the kubelet keeps the first limitBytes; a failure is at the end: ask for the last lines too
+                tail = _log_end(client, ns, name, cname, previous, since, s, node, file, out)
+                seen = frame.head(frame.height - 1)  # the head's last line may be cut in the middle
+                frame = pl.concat([seen, tail.join(seen, on=["ts", "line"], how="anti")])
+                out.notes.append(f"{file}: longer than limit_bytes={s.limit_bytes}: its first {s.limit_bytes} bytes "
+                                 f"and last {tail.height} lines were read")
+            out.lines.append(frame)
+
+
+def _log_end(client, ns, name, cname, previous, since, s, node, file, out) -> pl.DataFrame:
+    """The last lines of a log longer than limit_bytes: tailLines, fewer while the answer is still cut
+    (limitBytes keeps the start of what tailLines selects)."""
+    lines = s.tail_lines
+    for _ in range(4):
+        try:
+            text = client.log(ns, name, cname, previous=previous, since=since, limit_bytes=s.limit_bytes,
+                              tail_lines=lines)
+        except k8s.KubeError as exc:
+            out.notes.append(f"{file}: the end of the log could not be read: {exc}"[:200])
+            return pl.DataFrame(schema=k8s.LINE_SCHEMA)
+        if len(text.encode()) < s.limit_bytes:
+            return k8s.log_lines(text, node, file)
+        lines = max(1, lines // 4)
+    out.notes.append(f"{file}: even its last {lines * 4} lines exceed limit_bytes: the end was not read")
+    return pl.DataFrame(schema=k8s.LINE_SCHEMA)
 
 
 def _coverage(job: JobPods, logs_on: bool) -> list[dict]:
@@ -175,7 +199,8 @@ def _coverage(job: JobPods, logs_on: bool) -> list[dict]:
         else:
             rows.append({**job.key, "source": source, "status": "ok" if n else "empty", "rows": n,
                          "reason": note if n else ("no lines for this job" + (f"; {note}" if note else ""))})
-    assert {r["source"] for r in rows} == set(SOURCES)
+    rows += [{**job.key, "source": s, "status": "not_configured", "rows": 0, "reason": "not read from Kubernetes"}
+             for s in SOURCES if s not in {r["source"] for r in rows}]
     return rows
 
 
