@@ -363,9 +363,15 @@ def test_collect_records_the_placements_it_sees(fake, tmp_path):
     write_config(data, [cluster_cfg(tmp_path, fake.url)])
     cfg = load_config(data)
     watermark.collect(cfg, "kube", now=T0 + timedelta(hours=1))
-    placed = Warehouse(cfg.warehouse_dir).read("placements")
+    wh = Warehouse(cfg.warehouse_dir)
+    placed = wh.read("placements")
     assert sorted(placed["pod"].to_list()) == [f"llama-worker-{i}" for i in range(4)]
     assert dict(zip(placed["pod"], placed["node"]))["llama-worker-1"] == "gpu-a2"
+    # a backfill of the same window (placements filed today, after it): the pods gone, nothing changes
+    for i in range(4):
+        fake.delete_pod(NS, f"llama-worker-{i}")
+    again = watermark.collect(cfg, "kube", now=T0 + timedelta(hours=1), start=START, end=T0 + timedelta(hours=1))
+    assert again["jobs"] == 0 and wh.read("jobs")["nodes"][0].len() == 4
 
 
 # ------------------------------------------------------------------ config

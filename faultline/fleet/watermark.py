@@ -122,8 +122,9 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
     pieces = day_pieces(read_from, read_to)
     for n, (a, b) in enumerate(pieces):
         known = wh.read_window("jobs", a, b - timedelta(microseconds=1), [cluster_name])
-        recorded = (wh.read_window("placements", a - timedelta(days=PLACEMENT_DAYS), b, [cluster_name])
-                    if ccfg.kind == "kubernetes" else None)
+        # placements are filed by the day they were seen (a backfill records them today, after its window)
+        recorded = (wh.read_window("placements", a - timedelta(days=PLACEMENT_DAYS), max(b, utcnow()) + timedelta(days=1),
+                                   [cluster_name]) if ccfg.kind == "kubernetes" else None)
         got = collect_cluster(ccfg, a, b, cfg.margin_minutes, known, recorded)
         out["errors"] += got.errors
         # jobs whose logs failed, recent enough to wait for the source: not committed, retried next run
