@@ -201,6 +201,8 @@ def cmd_flow(args) -> int:
             print("faultline: flow job needs --cluster and --job-id", file=sys.stderr)
             return 2
         out = flows.diagnose_job(cluster=args.cluster, job_id=args.job_id, **common)
+    elif args.flow == "placements":
+        out = flows.record_placements(clusters=[args.cluster] if args.cluster else None, **common)
     else:
         if not args.rules:
             print("faultline: flow backtest needs --rules DIR (the candidate packs)", file=sys.stderr)
@@ -331,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     fl = sub.add_parser("flow", help="run one fleet flow through Prefect (ephemeral unless a server is configured)")
-    fl.add_argument("flow", choices=["collect", "diagnose", "report", "job", "backtest"])
+    fl.add_argument("flow", choices=["collect", "diagnose", "report", "job", "backtest", "placements"],
+                    help="placements: one pass of the placement recorder (Kubernetes clusters; --cluster for one)")
     fl.add_argument("--data-dir", default="data")
     fl.add_argument("--start", help="collect/backtest: window start (ISO time, UTC); collect's default: "
                                     "its cursor less the scheduler lag; backtest's: a day before --end")

@@ -61,6 +61,15 @@ def _window(truth) -> tuple:
     return start, end
 
 
+def _kube_cluster(sim: Path, day: str, seed: int):
+    """The demo's small Kubernetes + Kueue cluster (faultline.simulate.kube), read back as a kubectl snapshot."""
+    from faultline.simulate.kube import simulate_kube
+
+    truth = simulate_kube(sim, day, seed)
+    truth.write_parquet(sim / "kube_truth.parquet")
+    return truth
+
+
 def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: int = 2, seed: int = 0) -> int:
     import json as _json
     import shutil
@@ -72,6 +81,7 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
     from faultline.fleet.config import write_config
     from faultline.flows.env import configure_prefect
     from faultline.simulate import SimConfig, simulate
+    from faultline.simulate.kube import kube_cluster_config
     from faultline.warehouse.store import Warehouse
 
     t0 = _time.perf_counter()
@@ -95,12 +105,15 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
     s = simulate(sim, SimConfig(jobs=jobs, days=days, clusters=clusters, seed=seed, nodes_per_cluster=256),
                  log=lambda msg: print(f"          {msg.strip()}", flush=True))
     names = [c["name"] for c in _json.loads((sim / "fleet.json").read_text())["clusters"]]
+    kube_truth = _kube_cluster(sim, SimConfig().start, seed)
     write_config(demo, [{"name": n, "scheduler": {"kind": "sacct_files", "path": str(sim)},
                          "logs": {"kind": "loki_files", "path": str(sim)},
-                         "node_events": {"kind": "jsonl_files", "path": str(sim)}} for n in names], demo=True)
-    truth = pl.read_parquet(sim / "truth.parquet")
+                         "node_events": {"kind": "jsonl_files", "path": str(sim)}} for n in names]
+                 + [kube_cluster_config(sim)], demo=True)
+    truth = pl.concat([pl.read_parquet(sim / "truth.parquet"), kube_truth], how="diagonal_relaxed")
     start, end = _window(truth)
-    done(f"{s['jobs']} job attempts, {s['failed']} failed, {s['lines']:,} log lines")
+    done(f"{s['jobs']} job attempts, {s['failed']} failed, {s['lines']:,} log lines; "
+         f"Kubernetes/Kueue cluster kube: {kube_truth.height} workloads")
 
     configure_prefect(demo)
     from faultline.flows import flows
@@ -139,6 +152,10 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
     print(f"  culprit  {sc['culprit_right']}/{sc['culprit_cases']} "
           f"({100 * sc['culprit_right'] / max(sc['culprit_cases'], 1):.1f}%) of jobs whose truth names one")
     print(f"  wrong blames {sc['wrong_blames']}, ambiguous {sc['ambiguous']}")
+    kube = fleet_scores(diagnoses.filter(pl.col("cluster") == "kube"), kube_truth)
+    print(f"  of which the Kubernetes/Kueue cluster: outcome {kube['outcome_right']}/{kube['jobs']}, culprit "
+          f"{kube['culprit_right']}/{kube['culprit_cases']}, wrong blames {kube['wrong_blames']} "
+          "(an OOMKilled pod, a PodsReadyTimeout eviction, a preemption, a NotReady node)")
     example = diagnoses.filter(pl.col("outcome") == "gpu_hardware").sort("cluster", "job_id").head(1)
     print(f"\nreport: {html}\nwarehouse: {demo / 'warehouse'}\ntry: faultline sql"
           + ("" if demo == Path("data").resolve() else f" --data-dir {data_dir}")

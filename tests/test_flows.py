@@ -17,10 +17,12 @@ def test_every_deployment_of_prefect_yaml_loads():
     deployments = build_all({"data_dir": "/tmp/x"})
     names = {d.name for d in deployments}
     assert names == {d["name"] for d in read_deployments()} == {
-        "collect-every-10m", "diagnose-every-10m", "report-nightly", "diagnose-job-on-failure", "backtest"}
+        "collect-every-10m", "diagnose-every-10m", "report-nightly", "diagnose-job-on-failure", "backtest",
+        "record-placements-every-1m"}
     by_name = {d.name: d for d in deployments}
     assert by_name["collect-every-10m"].schedules[0].schedule.interval.total_seconds() == 600
     assert by_name["report-nightly"].schedules[0].schedule.cron == "30 2 * * *"
+    assert by_name["record-placements-every-1m"].schedules[0].schedule.interval.total_seconds() == 60
     trigger = by_name["diagnose-job-on-failure"].triggers[0]
     assert trigger.expect == {"faultline.job.failed"}
     assert set(trigger.parameters) == {"cluster", "job_id"}
@@ -54,6 +56,29 @@ def test_collect_diagnose_report_through_prefect(tmp_path, harness):
     html = open(html_path, encoding="utf-8").read()
     assert "gpu_hardware" in html and "gpu001" in html and "<script src" not in html
     assert wh.read("trends_node_day").filter(wh.read("trends_node_day")["node"] == "gpu001")["times_culprit"][0] == 1
+
+
+def test_the_record_placements_flow_records_the_pods_of_admitted_workloads(tmp_path, harness):
+    from faultline.flows import flows
+    from faultline.fleet.config import write_config
+    from faultline.warehouse.store import Warehouse
+    from tests.k8s_fake import FakeKube
+    from tests.test_kubernetes import cluster_cfg, pytorchjob
+
+    fake = FakeKube()
+    url = fake.start()
+    try:
+        pytorchjob(fake)
+        fake.workloads[0]["status"]["conditions"].pop()  # still running
+        data = tmp_path / "data"
+        write_config(data, [cluster_cfg(tmp_path, url),
+                            {"name": "slurm", "scheduler": {"kind": "sacct_files", "path": str(tmp_path)}}])
+        out = flows.record_placements(data_dir=str(data))
+        assert [(r["cluster"], r["pods"], r["written"]) for r in out] == [("kube", 4, 4)]
+        assert flows.record_placements(data_dir=str(data))[0]["written"] == 0
+        assert Warehouse(data / "warehouse").read("placements").height == 4
+    finally:
+        fake.stop()
 
 
 def test_a_failed_job_event_starts_diagnose_job(tmp_path, harness):

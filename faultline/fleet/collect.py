@@ -30,6 +30,7 @@ class Collected:
     errors: list[str]
     metrics: pl.DataFrame | None = None  # samples of the failed jobs' nodes (metrics: {kind: prometheus})
     node_events: pl.DataFrame | None = None  # drains, downs, fails (sinfo -R, or saved node_events files)
+    placements: pl.DataFrame | None = None  # pod -> node of Kubernetes jobs, seen live (kind kubernetes)
 
 
 def days_between(start: datetime, end: datetime) -> list[str]:
@@ -134,10 +135,13 @@ def new_or_changed(jobs: pl.DataFrame, known: pl.DataFrame | None) -> pl.DataFra
 
 
 def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, margin_minutes: float = 15,
-                    known: pl.DataFrame | None = None) -> Collected:
+                    known: pl.DataFrame | None = None, placements: pl.DataFrame | None = None) -> Collected:
     """Everything one cluster says about the jobs that ended in [start, end) (and, given `known`, the
     committed jobs rows, only the new or changed ones). A source that fails is recorded (coverage
-    error) and the others still land; so does a job whose logs failed alone."""
+    error) and the others still land; so does a job whose logs failed alone. `placements` (recorded
+    pod -> node rows) attributes a Kubernetes job whose pods are gone."""
+    if cluster.kind == "kubernetes":
+        return collect_kubernetes(cluster, start, end, margin_minutes, known, placements)
     errors: dict[str, str] = {}
     jobs, allocs = scheduler_jobs(cluster, start, end)
     if known is not None:
@@ -160,6 +164,20 @@ def collect_cluster(cluster: ClusterConfig, start: datetime, end: datetime, marg
         events = pl.DataFrame(schema=slurm.NODE_EVENTS_SCHEMA)
     return Collected(jobs, allocs, logs, coverage, [f"{k}: {v}" for k, v in errors.items()] + job_errors(notes)
                      + metric_errors(metric_cov), samples, events)
+
+
+def collect_kubernetes(cluster: ClusterConfig, start: datetime | None, end: datetime | None, margin_minutes: float = 15,
+                       known: pl.DataFrame | None = None, placements: pl.DataFrame | None = None,
+                       job_id: str | None = None) -> Collected:
+    """A Kubernetes + Kueue cluster: workloads, their pods' states, logs and events (fleet.k8s_jobs), metrics."""
+    from faultline.fleet import k8s_jobs
+
+    got = k8s_jobs.collect(cluster, start, end, margin_minutes, known, placements, job_id=job_id)
+    failed = got.jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
+    samples, metric_cov = fetch_metrics(cluster, failed, margin_minutes)
+    coverage = pl.concat([got.coverage, metric_cov.cast(got.coverage.schema)]) if metric_cov.height else got.coverage
+    return Collected(got.jobs, got.allocations, parse_logs(got.raw), coverage, got.errors + metric_errors(metric_cov),
+                     samples, pl.DataFrame(schema=slurm.NODE_EVENTS_SCHEMA), got.placements)
 
 
 def node_events(cluster: ClusterConfig, start: datetime, end: datetime) -> pl.DataFrame:

@@ -48,7 +48,14 @@ clusters:
       max_lines_per_job: 2000000                   # past it: first and last half kept, coverage says so
       max_parallel: 4                              # jobs in flight against this Loki
       tail_minutes: 5                              # lines read until this long after a job's end
+  - name: kube-east                                # a Kubernetes cluster with Kueue (docs/fleet.md "Kubernetes")
+    kind: kubernetes
+    kubernetes: {kubeconfig: /etc/faultline/kubeconfig, context: gpu-east}   # or {in_cluster: true}
+    scheduler: {kind: kueue, namespaces: [team-a]} # Workloads are the jobs
+    logs: {kind: kubernetes, previous: true, events: true, limit_bytes: 16777216}
 ```
+
+Every problem of the file is reported at once (one ConfigError, one line per problem with its place).
 """
 
 from __future__ import annotations
@@ -58,12 +65,20 @@ from pathlib import Path
 
 import yaml
 
+from faultline.collectors.kubernetes import KubeSettings, PodLogSettings
+from faultline.collectors.kueue import KueueSettings
 from faultline.collectors.loki import LokiSettings
 from faultline.collectors.prometheus import PrometheusSettings
 from faultline.collectors.slurmrestd import SlurmRestSettings
 
-SCHEDULER_KINDS = ("sacct_files", "sacct", "slurmrestd")
-LOG_KINDS = ("loki_files", "loki")
+SCHEDULER_KINDS = ("sacct_files", "sacct", "slurmrestd", "kueue")
+LOG_KINDS = ("loki_files", "loki", "kubernetes")
+CLUSTER_KINDS = ("slurm", "kubernetes")
+# What each cluster kind can take (a Kueue scheduler needs the Kubernetes API of its cluster).
+KIND_SCHEDULERS = {"slurm": ("sacct_files", "sacct", "slurmrestd"), "kubernetes": ("kueue",)}
+KIND_LOGS = {"slurm": ("loki_files", "loki"), "kubernetes": ("kubernetes",)}
+SETTINGS = {"loki": LokiSettings, "slurmrestd": SlurmRestSettings, "prometheus": PrometheusSettings,
+            "kueue": KueueSettings, "kubernetes": PodLogSettings}
 METRIC_KINDS = ("parquet_files", "prometheus")
 NODE_EVENT_KINDS = ("jsonl_files",)
 
@@ -79,6 +94,8 @@ class ClusterConfig:
     logs: dict | None = None
     metrics: dict | None = None
     node_events: dict | None = None
+    kind: str = "slurm"               # or kubernetes (scheduler kueue, logs from the pods)
+    kubernetes: dict | None = None    # kind kubernetes: how to reach the API server (KubeSettings)
 
 
 @dataclass(frozen=True)
@@ -102,60 +119,87 @@ class FleetConfig:
         return self.data_dir / "reports"
 
 
-def _check(kind_of: str, section: dict | None, kinds: tuple[str, ...], where: str, required: bool) -> None:
+def _check(kind_of: str, section, kinds: tuple[str, ...], where: str, required: bool) -> list[str]:
+    """Every problem of one source section (empty: fine)."""
     if section is None:
-        if required:
-            raise ConfigError(f"{where}: '{kind_of}' is required")
-        return
+        return [f"{where}: '{kind_of}' is required"] if required else []
     if not isinstance(section, dict) or section.get("kind") not in kinds:
-        raise ConfigError(f"{where}: {kind_of}.kind must be one of {kinds}")
-    if section["kind"] == "loki":
+        return [f"{where}: {kind_of}.kind must be one of {kinds}"]
+    settings = SETTINGS.get(section["kind"])
+    if settings is not None:
         try:
-            LokiSettings.from_config(section)
+            settings.from_config(section)
         except ValueError as exc:
-            raise ConfigError(f"{where}: {kind_of} (kind loki): {exc}") from None
-    elif section["kind"] == "slurmrestd":
-        try:
-            SlurmRestSettings.from_config(section)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {kind_of} (kind slurmrestd): {exc}") from None
-    elif section["kind"] == "prometheus":
-        try:
-            PrometheusSettings.from_config(section)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {kind_of} (kind prometheus): {exc}") from None
+            return [f"{where}: {kind_of} (kind {section['kind']}): {exc}"]
     elif section["kind"].endswith("_files") and not section.get("path"):
-        raise ConfigError(f"{where}: {kind_of}.path is required for kind {section['kind']}")
+        return [f"{where}: {kind_of}.path is required for kind {section['kind']}"]
+    return []
+
+
+def _check_cluster(c: dict, where: str) -> list[str]:
+    kind = c.get("kind", "slurm")
+    if kind not in CLUSTER_KINDS:
+        return [f"{where}: kind must be one of {CLUSTER_KINDS}, got {kind!r}"]
+    errors = _check("scheduler", c.get("scheduler"), KIND_SCHEDULERS[kind], where, True)
+    errors += _check("logs", c.get("logs"), KIND_LOGS[kind], where, False)
+    errors += _check("metrics", c.get("metrics"), METRIC_KINDS, where, False)
+    errors += _check("node_events", c.get("node_events"), NODE_EVENT_KINDS, where, False)
+    if kind == "kubernetes":
+        try:
+            KubeSettings.from_config(c.get("kubernetes"))
+        except ValueError as exc:
+            errors.append(f"{where}: kubernetes: {exc}")
+    elif c.get("kubernetes") is not None:
+        errors.append(f"{where}: 'kubernetes' is for clusters of kind kubernetes")
+    unknown = sorted(set(c) - {"name", "kind", "scheduler", "logs", "metrics", "node_events", "kubernetes"})
+    if unknown:
+        errors.append(f"{where}: unknown key(s) {unknown}")
+    return errors
 
 
 def load_config(data_dir: Path, path: Path | None = None) -> FleetConfig:
-    """The fleet config of `data_dir`: `<data_dir>/faultline.yaml`, or the file `path` when given."""
+    """The fleet config of `data_dir`: `<data_dir>/faultline.yaml`, or the file `path` when given. Every
+    problem of the file is reported at once (one ConfigError, one line per problem, each with its place)."""
     data_dir = Path(data_dir)
     path = Path(path) if path is not None else data_dir / "faultline.yaml"
     if not path.is_file():
         raise ConfigError(f"{path} not found: run `faultline simulate` + `faultline demo`, or write one (see docs/fleet.md)")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the file must be a mapping with a 'clusters' list")
+    errors: list[str] = []
     clusters = []
+    names = set()
     for i, c in enumerate(raw.get("clusters") or []):
         if not isinstance(c, dict) or not c.get("name"):
-            raise ConfigError(f"{path}: clusters[{i}]: needs a name")
+            errors.append(f"{path}: clusters[{i}]: needs a name")
+            continue
         where = f"{path}: cluster {c['name']!r}"
-        _check("scheduler", c.get("scheduler"), SCHEDULER_KINDS, where, True)
-        _check("logs", c.get("logs"), LOG_KINDS, where, False)
-        _check("metrics", c.get("metrics"), METRIC_KINDS, where, False)
-        _check("node_events", c.get("node_events"), NODE_EVENT_KINDS, where, False)
-        clusters.append(ClusterConfig(c["name"], c["scheduler"], c.get("logs"), c.get("metrics"), c.get("node_events")))
-    if not clusters:
-        raise ConfigError(f"{path}: no clusters configured")
+        if c["name"] in names:
+            errors.append(f"{where}: a second cluster of that name")
+        names.add(c["name"])
+        problems = _check_cluster(c, where)
+        errors += problems
+        if not problems:
+            clusters.append(ClusterConfig(c["name"], c["scheduler"], c.get("logs"), c.get("metrics"),
+                                          c.get("node_events"), c.get("kind", "slurm"), c.get("kubernetes")))
+    if not clusters and not errors:
+        errors.append(f"{path}: no clusters configured")
     numbers = {}
     for key in ("scheduler_lag_minutes", "initial_lookback_minutes", "logs_retry_minutes", "diagnose_horizon_days"):
         if key in raw:
             try:
                 numbers[key] = float(raw[key])
             except (TypeError, ValueError):
-                raise ConfigError(f"{path}: {key} must be a number, not {raw[key]!r}") from None
+                errors.append(f"{path}: {key} must be a number, not {raw[key]!r}")
+                continue
             if numbers[key] < 0:
-                raise ConfigError(f"{path}: {key} must be >= 0")
+                errors.append(f"{path}: {key} must be >= 0")
+    if errors:
+        raise ConfigError("\n".join(errors))
     return FleetConfig(data_dir=data_dir, clusters=tuple(clusters), margin_minutes=int(raw.get("margin_minutes", 15)),
                        max_drain=int(raw.get("max_drain", 2)), extra_rules=tuple(raw.get("rules") or ()), **numbers)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import polars as pl
 
 from faultline.collectors import slurm, slurmrestd
-from faultline.fleet.collect import coverage_rows, fetch_logs, fetch_metrics, parse_logs, with_job_date
+from faultline.fleet.collect import (collect_kubernetes, coverage_rows, fetch_logs, fetch_metrics, parse_logs,
+                                    with_job_date)
 from faultline.fleet.config import ClusterConfig, FleetConfig
 from faultline.fleet.diagnose import diagnose_tables
 from faultline.fleet.watermark import SOURCE, unique_batch
@@ -54,6 +55,8 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
     cluster = next((c for c in cfg.clusters if c.name == cluster_name), None)
     if cluster is None:
         raise JobNotFound(f"cluster {cluster_name!r} is not configured")
+    if cluster.kind == "kubernetes":
+        return _store_and_answer(cfg, cluster_name, job_id, ruleset, *_kubernetes_job(cfg, cluster, job_id))
     try:
         jobs, allocs = find_job(cluster, job_id)
     except SCHEDULER_ERRORS as exc:
@@ -70,6 +73,35 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
     coverage = coverage_rows(cluster, jobs, logs, errors, notes)
     samples, metric_cov = fetch_metrics(cluster, jobs, cfg.margin_minutes)
     coverage = pl.concat([coverage, metric_cov.cast(coverage.schema)]) if metric_cov.height else coverage
+    return _store_and_answer(cfg, cluster_name, job_id, ruleset, jobs, allocs, logs, coverage, samples)
+
+
+def _kubernetes_job(cfg: FleetConfig, cluster: ClusterConfig, job_id: str):
+    """A Kueue workload `<namespace>/<name>` and what its pods say (recorded placements for pods gone)."""
+    from faultline.collectors.kubernetes import KubeError
+
+    from faultline.fleet.watermark import new_placements, stamp, utcnow
+
+    wh = Warehouse(cfg.warehouse_dir)
+    placements = wh.read("placements", "cluster = ? AND job_id = ?", [cluster.name, job_id])
+    try:
+        got = collect_kubernetes(cluster, None, None, cfg.margin_minutes, placements=placements, job_id=job_id)
+    except (KubeError, OSError) as exc:
+        raise SourceError(f"scheduler of cluster {cluster.name} (kueue): {type(exc).__name__}: {exc}"[:500]) from exc
+    except ValueError as exc:
+        raise JobNotFound(str(exc)) from exc
+    if got.jobs.height == 0:
+        raise JobNotFound(f"job {job_id} not found on cluster {cluster.name} (or it has not ended)")
+    seen = new_placements(got.placements, placements)
+    if seen.height:
+        wh.write("placements", seen.with_columns(date=pl.col("seen_at").dt.date()),
+                 unique_batch("placements", cluster.name, stamp(utcnow())))
+    return got.jobs, got.allocations, got.logs, got.coverage, got.metrics
+
+
+def _store_and_answer(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Ruleset, jobs: pl.DataFrame,
+                      allocs: pl.DataFrame, logs: pl.DataFrame, coverage: pl.DataFrame,
+                      samples: pl.DataFrame) -> dict:
     wh = Warehouse(cfg.warehouse_dir)
     batch = unique_batch("job", cluster_name, job_id)
     diagnoses, symptoms = diagnose_tables(jobs.with_columns(_batch=pl.lit(batch)), logs, coverage, ruleset,

@@ -20,6 +20,7 @@ Everything runs over frames per cluster and day (Polars joins, DuckDB scans); no
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import date, datetime, timedelta, timezone
 
@@ -35,6 +36,7 @@ from faultline.warehouse.schema import JOB_KEY, TABLES
 from faultline.warehouse.store import Warehouse
 
 SOURCE = "scheduler"
+PLACEMENT_DAYS = 30  # how far back recorded placements are read for a Kubernetes job ending in the window
 INPUT_KINDS = ("collect", "job")  # commits whose jobs rows diagnose takes as input
 
 
@@ -54,8 +56,9 @@ def stamp(t: datetime) -> str:
 
 
 def unique_batch(*parts: str) -> str:
-    """A batch name never used before: a batch is written once, so no write replaces another's rows."""
-    return "-".join([*parts, uuid.uuid4().hex[:8]])
+    """A batch name never used before: a batch is written once, so no write replaces another's rows. Parts
+    are made file-name safe (a Kubernetes job id `ns/name`, a heterogeneous Slurm job `12+1`)."""
+    return "-".join([*(re.sub(r"[^A-Za-z0-9._-]", "_", p) for p in parts), uuid.uuid4().hex[:8]])
 
 
 def day_pieces(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
@@ -66,6 +69,16 @@ def day_pieces(start: datetime, end: datetime) -> list[tuple[datetime, datetime]
         out.append((t, min(end, midnight)))
         t = min(end, midnight)
     return out
+
+
+def new_placements(rows: pl.DataFrame | None, recorded: pl.DataFrame | None) -> pl.DataFrame:
+    """The pod placements of `rows` not recorded yet (a re-run writes nothing twice)."""
+    if rows is None or rows.height == 0:
+        return pl.DataFrame(schema=TABLES["placements"])
+    rows = rows.unique(["cluster", "uid"], keep="first", maintain_order=True).select(list(TABLES["placements"]))
+    if recorded is None or recorded.height == 0:
+        return rows
+    return rows.join(recorded.select("cluster", "uid"), on=["cluster", "uid"], how="anti")
 
 
 def cursor(wh: Warehouse, cluster: str) -> datetime | None:
@@ -109,7 +122,10 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
     pieces = day_pieces(read_from, read_to)
     for n, (a, b) in enumerate(pieces):
         known = wh.read_window("jobs", a, b - timedelta(microseconds=1), [cluster_name])
-        got = collect_cluster(ccfg, a, b, cfg.margin_minutes, known)
+        # placements are filed by the day they were seen (a backfill records them today, after its window)
+        recorded = (wh.read_window("placements", a - timedelta(days=PLACEMENT_DAYS), max(b, utcnow()) + timedelta(days=1),
+                                   [cluster_name]) if ccfg.kind == "kubernetes" else None)
+        got = collect_cluster(ccfg, a, b, cfg.margin_minutes, known, recorded)
         out["errors"] += got.errors
         # jobs whose logs failed, recent enough to wait for the source: not committed, retried next run
         bad = (got.coverage.filter(pl.col("source").is_in(list(LOG_SOURCES)) & (pl.col("status") == "error"))
@@ -132,6 +148,7 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
             seen = wh.read_window("node_events", a, b - timedelta(microseconds=1), [cluster_name],
                                   columns=["cluster", "node", "ts", "kind"])
             events = events.join(seen, on=["cluster", "node", "ts", "kind"], how="anti")
+        placed = new_placements(got.placements, recorded)
         if got.jobs.height == 0 and events.height == 0 and (new_cursor == cur or n < len(pieces) - 1):
             continue  # nothing new: only the last piece records how far the cursor got
         failed = int(got.jobs.filter(pl.col("state").is_in(list(FAILED_STATES))).height)
@@ -148,6 +165,8 @@ def collect(cfg: FleetConfig, cluster_name: str, now: datetime | None = None,
             crashpoints.point("collect.coverage")
             if events.height:
                 tx.write("node_events", events.with_columns(date=pl.col("ts").dt.date()))
+            if placed.height:  # pods seen live: their nodes stay known after the pods are deleted
+                tx.write("placements", placed.with_columns(date=pl.col("seen_at").dt.date()))
             if got.metrics is not None and got.metrics.height:  # partitioned by the sample's own day
                 out["metrics"] += tx.write(
                     "metrics", got.metrics.with_columns(date=pl.col("ts").dt.date()))

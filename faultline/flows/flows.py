@@ -6,11 +6,13 @@ backfill      history: collect from a date day by day, then diagnose
 report        trend tables, one self-contained HTML report, a Prefect markdown artifact
 diagnose_job  one job, on a `faultline.job.failed` event, the API or the CLI
 backtest      a candidate ruleset over a past window: which verdicts would change
+record_placements  per Kubernetes cluster: pod -> node of the admitted Kueue workloads, kept after the pods go
 """
 
 from __future__ import annotations
 
 import os
+import re
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -123,7 +125,8 @@ def diagnose_job(cluster: str, job_id: str, data_dir: str | None = None) -> dict
 
     cfg = load_config(Path(data_dir))
     d = diagnose_one(cfg, cluster, job_id, tasks.ruleset_for(data_dir))
-    create_markdown_artifact(key=f"diagnosis-{cluster}-{job_id}".lower().replace("_", "-")[:60],
+    # artifact keys: lowercase letters, digits and dashes (a Kubernetes job id holds a slash)
+    create_markdown_artifact(key=re.sub(r"[^a-z0-9-]", "-", f"diagnosis-{cluster}-{job_id}".lower())[:60],
                              markdown=f"**{d['outcome']}** ({d['confidence']}): {d['root_cause']}")
     return d
 
@@ -153,3 +156,18 @@ def backtest(candidate_rules: list[str], data_dir: str | None = None, start: dat
     create_table_artifact(key="faultline-backtest", table=rows or [{"changes": 0}],
                           description=f"{baseline.version} -> {candidate.version}: {len(rows)} verdict(s) change")
     return changes.to_dicts()
+
+
+@flow(name="record_placements", log_prints=True, task_runner=_partition_runner())
+def record_placements(data_dir: str | None = None, clusters: list[str] | None = None) -> list[dict]:
+    """Every Kubernetes cluster (or `clusters`): the pods of its admitted Kueue workloads and the nodes they
+    run on, recorded once each, so a job is attributed to its nodes after its pods are deleted."""
+    data_dir = data_dir_of(data_dir)
+    cfg = load_config(Path(data_dir))
+    names = [c.name for c in cfg.clusters if c.kind == "kubernetes" and (not clusters or c.name in clusters)]
+    futures = tasks.record_placements.map([data_dir] * len(names), names)
+    out = [f.result() for f in futures]
+    for r in out:
+        print(f"placements {r['cluster']}: {r['pods']} pod(s) of {r['workloads']} admitted workload(s), "
+              f"{r['written']} new" + (f", {len(r['errors'])} error(s): {r['errors'][:3]}" if r["errors"] else ""))
+    return out

@@ -75,3 +75,11 @@ def load_diagnoses(data_dir: str, start: date, end: date, ruleset: str | None = 
 @task(name="backtest-compare")
 def compare(old: pl.DataFrame, new: pl.DataFrame) -> pl.DataFrame:
     return verdict_changes(old, new)
+
+
+@task(name="record-placements", retries=2, retry_delay_seconds=5)
+def record_placements(data_dir: str, cluster: str) -> dict:
+    """One pass of the placement recorder over one Kubernetes cluster (fleet.placement)."""
+    from faultline.fleet.placement import record
+
+    return record(load_config(Path(data_dir)), cluster)

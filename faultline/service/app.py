@@ -150,7 +150,7 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
         d, queued, ran = await pool(request).run(fn, *args)
         return JSONBody(d, headers={"Server-Timing": f"queue;dur={queued * 1000:.1f}, diagnose;dur={ran * 1000:.1f}"})
 
-    @app.get("/v1/diagnoses/{cluster}/{job_id}", summary="The latest stored diagnosis of one job",
+    @app.get("/v1/diagnoses/{cluster}/{job_id:path}", summary="The latest stored diagnosis of one job",
              response_model=DiagnosisOut, responses=error_responses(400, 404, 500))
     def get_diagnosis(cluster: str, job_id: str, attempt: int | None = Query(None, ge=0),
                       ruleset_version: str | None = Query(None, alias="ruleset")):

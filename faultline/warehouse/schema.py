@@ -43,6 +43,11 @@ TABLES: dict[str, dict[str, pl.DataType]] = {
     "node_events": {
         "cluster": pl.String, "node": pl.String, "ts": TS, "kind": pl.String, "reason": pl.String,
     },
+    # pod -> node of a Kubernetes job, recorded while the pod exists (the placement recorder, collect)
+    "placements": {
+        "cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "namespace": pl.String, "pod": pl.String,
+        "uid": pl.String, "node": pl.String, "gpus": pl.Int32, "seen_at": TS,
+    },
     # job x source: was the telemetry there?
     "coverage": {
         "cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32, "source": pl.String,
@@ -93,6 +98,7 @@ KEYS: dict[str, list[str] | None] = {
     "logs": [*JOB_KEY, "file", "seq"],
     "metrics": ["cluster", "node", "gpu", "name", "labels", "ts"],  # labels: an IB port, an exporter job
     "node_events": ["cluster", "node", "ts", "kind"],
+    "placements": ["cluster", "uid"],  # a pod (uid) is bound to one node for its whole life
     "coverage": [*JOB_KEY, "source"],
     "symptoms": [*JOB_KEY, "ruleset", "file", "seq", "rule_id"],
     "diagnoses": [*JOB_KEY, "ruleset"],
@@ -102,7 +108,7 @@ KEYS: dict[str, list[str] | None] = {
 }
 
 # Writers give every frame a `date` (pl.Date) column: the UTC day of the job's end for job-keyed
-# tables, of the sample/event for metrics and node events. It and `cluster` choose the partition.
+# tables, of the sample/event for metrics and node events, of the first sighting for placements. It and `cluster` choose the partition.
 PARTITION_BY = ("cluster", "date")
 
 # Tables written in transactions: a batch's rows become visible to readers only once the batch is in
