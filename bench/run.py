@@ -315,16 +315,16 @@ CHILD = {"metrics": stage_metrics, "ingest": stage_ingest, "extract": stage_extr
 
 
 # ----------------------------------------------------------------------------- parent
-def _child(cmd: list[str], env=None, ok: tuple[int, ...] = (0,)) -> tuple[dict, float, int]:
+def _child(cmd: list[str], env=None, ok: tuple[int, ...] = (0,), cwd=None) -> tuple[dict, float, int]:
     """Run a command; (its JSON result line or {}, wall seconds, peak RSS in bytes) via wait4.
     `ok`: the exit codes that mean success (`faultline diagnose` exits 1 for a diagnosed failure)."""
     # GNU time reports the command's own peak; wait4 from this (large) process would also count the
     # pages of the fork before exec.
     gtime = shutil.which("time") if Path("/usr/bin/time").exists() else None
     if gtime:
-        cmd = ["/usr/bin/time", "-f", "BENCH_MAXRSS_KB %M", *cmd]
+        cmd = ["/usr/bin/time", "-f", "BENCH_MAXRSS_KB %M\nBENCH_CPU_S %U %S", *cmd]
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     out = p.stdout.read()
     err = p.stderr.read()
     _, status, ru = os.wait4(p.pid, 0)
@@ -337,6 +337,9 @@ def _child(cmd: list[str], env=None, ok: tuple[int, ...] = (0,)) -> tuple[dict, 
         if line.startswith("BENCH_MAXRSS_KB "):
             rss = int(line.split()[1]) * 1024
     res = {}
+    for line in err.decode().splitlines():
+        if line.startswith("BENCH_CPU_S "):  # user + system seconds of the command, all threads
+            res["cpu_s"] = sum(map(float, line.split()[1:]))
     for line in out.decode().splitlines():
         if line.startswith("BENCH_RESULT "):
             res = json.loads(line[len("BENCH_RESULT "):])
@@ -483,7 +486,8 @@ def run_scenario(name: str, work: Path, repeat: int, log, stages: set[str] | Non
     py = None
     if spec["py_lines"] and want("python_loop"):
         res, runs, peak = _median_run(lambda: _py_stage("python", data, "--limit", str(spec["py_lines"])), repeat)
-        py = row("python_loop", res, runs, peak, patterns=res["patterns"], refused=res["refused"],
+        py = row("python_loop", res, runs, peak, patterns=res["patterns"], cpu_s=res["cpu_s"],
+                 matched_lines=res["matched_lines"], refused=res["refused"],
                  note=f"first {res['lines']:,} lines; rate extrapolates")
 
     if spec.get("stream") and want("stream"):
@@ -596,15 +600,22 @@ def run_bigfile(name: str, work: Path, repeat: int, log, reuse: bool = False, py
             f"(runs {[round(x, 3) for x in runs]}), peak {peak / 2**20:.0f} MiB")
         return r
 
+    cpu: dict[str, list[float]] = {"ripgrep": [], "diagnose_cli": [], "diagnose_cli_base": []}
+
     def cli(env=None):
-        res, wall, rss, out = _child([*FAULTLINE, "diagnose", str(path), "--format", "json"], env=env, ok=(0, 1, 3, 4))
+        # `python -m` puts the working folder first on sys.path: the baseline runs from its own tree
+        res, wall, rss, out = _child([*FAULTLINE, "diagnose", str(path), "--format", "json"], env=env, ok=(0, 1, 3, 4),
+                                     cwd=baseline_src if env else None)
+        cpu["diagnose_cli_base" if env else "diagnose_cli"].append(res.get("cpu_s"))
         return {"seconds": wall, "outcome": json.loads(out)["outcome"]}, rss
 
     def rg():
         res, wall, rss, out = _child([shutil.which("rg"), "-c", "--no-messages", "-f", str(pats), str(path)])
+        cpu["ripgrep"].append(res.get("cpu_s"))
         return {"seconds": wall, "matched_lines": int(out.decode().strip() or 0)}, rss
 
     cli()  # warm-up: the file in the page cache and the ruleset cache written, for every row alike
+    cpu["diagnose_cli"].clear()
     # interleaved, so that the load of a shared machine falls on every row alike
     rg_runs, cli_runs, base_runs, rg_peak, cli_peak, base_peak = [], [], [], 0, 0, 0
     env_base = None
@@ -628,12 +639,17 @@ def run_bigfile(name: str, work: Path, repeat: int, log, reuse: bool = False, py
     py = None
     if py_lines:
         res, runs, peak = _median_run(lambda: _py_stage_big(path, py_lines), repeat)
-        py = row("python_loop", res, runs, peak, patterns=res["patterns"],
+        py = row("python_loop", res, runs, peak, patterns=res["patterns"], cpu_s=res["cpu_s"],
+                 matched_lines=res["matched_lines"],
                  note=f"re.search of the {res['patterns']} patterns per line, first {res['lines']:,} lines; rate extrapolates")
     row("diagnose_cli", {}, cli_runs, cli_peak, outcome=outcome,
         note="`python -m faultline diagnose FILE --format json`, whole process")
     if base_runs:
         row("diagnose_cli_base", {}, base_runs, base_peak, note=f"the same, code at {baseline_src}")
+    for r in rows:  # CPU seconds (user + system, all threads): what a loaded shared machine distorts least
+        if r["stage"] in cpu:
+            c = [x for x in cpu[r["stage"]] if x is not None]
+            r["cpu_s"] = statistics.median(c) if c else None
     rg_s = rg_row["median_s"] if rg_row else None
     py_rate = py["lines"] / py["median_s"] if py else None
     for r in rows:
@@ -642,6 +658,12 @@ def run_bigfile(name: str, work: Path, repeat: int, log, reuse: bool = False, py
         r["mb_per_s"] = r["bytes"] / 2**20 / r["median_s"] if r["median_s"] else None
         r["vs_rg"] = r["median_s"] / rg_s if rg_s and r["stage"].startswith("diagnose") else None
         r["vs_py"] = r["lines_per_s"] / py_rate if py_rate and r["stage"] != "python_loop" and r["lines_per_s"] else None
+        # the same ratios from CPU seconds
+        rg_c = rg_row.get("cpu_s") if rg_row else None
+        py_c = py["lines"] / py["cpu_s"] if py and py.get("cpu_s") else None
+        r["vs_rg_cpu"] = r["cpu_s"] / rg_c if rg_c and r.get("cpu_s") and r["stage"].startswith("diagnose") else None
+        r["vs_py_cpu"] = (r["lines"] / r["cpu_s"] / py_c if py_c and r.get("cpu_s") and r["stage"] != "python_loop"
+                          else None)
     rows[0]["info"] = info
     return rows
 
@@ -654,6 +676,8 @@ def _py_stage_big(path: Path, limit: int):
 
 def fmt_table(rows: list[dict]) -> str:
     head = ["stage", "scen", "lines", "MB", "median s", "lines/s", "MB/s", "x rg time", "x py speed", "peak RSS"]
+    if any(r.get("cpu_s") for r in rows):
+        head += ["CPU s", "x rg CPU", "x py CPU"]
     out = [head]
     for r in rows:
         def f(v, spec):
@@ -661,7 +685,9 @@ def fmt_table(rows: list[dict]) -> str:
         out.append([r["stage"], r["scenario"], f(r.get("lines"), ","), f(r["bytes"] / 2**20 if r.get("bytes") else None, ".0f"),
                     f(r.get("median_s"), ".3f"), f(r.get("lines_per_s"), ",.0f"), f(r.get("mb_per_s"), ".0f"),
                     f(r.get("vs_rg"), ".2f"), f(r.get("vs_py"), ".1f"),
-                    "-" if not r.get("peak_rss") else f"{r['peak_rss'] / 2**20:.0f} MiB"])
+                    "-" if not r.get("peak_rss") else f"{r['peak_rss'] / 2**20:.0f} MiB"]
+                   + ([f(r.get("cpu_s"), ".2f"), f(r.get("vs_rg_cpu"), ".2f"), f(r.get("vs_py_cpu"), ".1f")]
+                      if len(head) > 10 else []))
     w = [max(len(str(row[i])) for row in out) for i in range(len(head))]
     lines = ["| " + " | ".join(str(c).ljust(w[i]) for i, c in enumerate(row)) + " |" for row in out]
     lines.insert(1, "|" + "|".join("-" * (x + 2) for x in w) + "|")

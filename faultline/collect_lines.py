@@ -23,6 +23,14 @@ PARSE_BATCH_ROWS = 1 << 17  # lines of small files parsed together (a 16 MiB blo
 EXTRACT_BATCH_ROWS = 1 << 18  # candidate lines gathered before one extract (bounds memory)
 
 
+def _own_copy(s: pl.Expr) -> pl.Expr:
+    """The same strings in buffers of their own. A filtered or parsed String column still points into
+    the whole block it came from (Polars' string views share buffers), so a few kept candidate lines
+    would keep every 16 MiB block of a big file alive: 3 GB of memory for a 2 GB log. A replace copies
+    (an empty match at the start, replaced by nothing: the value is unchanged)."""
+    return s.str.replace("^", "")
+
+
 @dataclass
 class JobMeta:
     cluster: str = "local"
@@ -104,7 +112,8 @@ class LineCollector:
             progress_lines(lines).select(**job, file="file", seq="seq")
             .group_by([*KEY, "file"]).agg(last_progress=pl.col("seq").max()),
             lines.filter(prefilter_expr(self.literals))], engine="streaming")
-        who = counts.select("_k").unique().with_columns(**identity_exprs(column="_k"))
+        who = counts.select("_k").unique().with_columns(**identity_exprs(column="_k")).with_columns(
+            node=_own_copy(pl.col("node")))
         self._stats.append(counts.join(who, on="_k", how="left").select(
             **job, node=pl.coalesce("node", "_fnode"), rank=pl.coalesce("rank", "_frank"), lines="lines"))
         self._progress.append(progress)
@@ -114,7 +123,7 @@ class LineCollector:
                     .with_columns(**job, node=pl.coalesce("node", "_fnode"), rank=pl.coalesce("rank", "_frank"),
                                   local_rank=d["local_rank"], gpu=d["gpu"],
                                   ts=pl.coalesce(d["ts"], pl.col("_rts"))))  # the line's own time wins
-            self._pending.append(cand.select(*LOG_SCHEMA, "_blk"))
+            self._pending.append(cand.select(*LOG_SCHEMA, "_blk").with_columns(line=_own_copy(pl.col("line"))))
             if sum(c.height for c in self._pending) >= EXTRACT_BATCH_ROWS:
                 self._flush()
 
