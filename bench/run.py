@@ -486,8 +486,7 @@ def run_scenario(name: str, work: Path, repeat: int, log, stages: set[str] | Non
     py = None
     if spec["py_lines"] and want("python_loop"):
         res, runs, peak = _median_run(lambda: _py_stage("python", data, "--limit", str(spec["py_lines"])), repeat)
-        py = row("python_loop", res, runs, peak, patterns=res["patterns"], cpu_s=res["cpu_s"],
-                 matched_lines=res["matched_lines"], refused=res["refused"],
+        py = row("python_loop", res, runs, peak, patterns=res["patterns"], refused=res["refused"],
                  note=f"first {res['lines']:,} lines; rate extrapolates")
 
     if spec.get("stream") and want("stream"):
