@@ -315,16 +315,16 @@ CHILD = {"metrics": stage_metrics, "ingest": stage_ingest, "extract": stage_extr
 
 
 # ----------------------------------------------------------------------------- parent
-def _child(cmd: list[str], env=None, ok: tuple[int, ...] = (0,)) -> tuple[dict, float, int]:
+def _child(cmd: list[str], env=None, ok: tuple[int, ...] = (0,), cwd=None) -> tuple[dict, float, int]:
     """Run a command; (its JSON result line or {}, wall seconds, peak RSS in bytes) via wait4.
     `ok`: the exit codes that mean success (`faultline diagnose` exits 1 for a diagnosed failure)."""
     # GNU time reports the command's own peak; wait4 from this (large) process would also count the
     # pages of the fork before exec.
     gtime = shutil.which("time") if Path("/usr/bin/time").exists() else None
     if gtime:
-        cmd = ["/usr/bin/time", "-f", "BENCH_MAXRSS_KB %M", *cmd]
+        cmd = ["/usr/bin/time", "-f", "BENCH_MAXRSS_KB %M\nBENCH_CPU_S %U %S", *cmd]
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     out = p.stdout.read()
     err = p.stderr.read()
     _, status, ru = os.wait4(p.pid, 0)
@@ -337,6 +337,9 @@ def _child(cmd: list[str], env=None, ok: tuple[int, ...] = (0,)) -> tuple[dict, 
         if line.startswith("BENCH_MAXRSS_KB "):
             rss = int(line.split()[1]) * 1024
     res = {}
+    for line in err.decode().splitlines():
+        if line.startswith("BENCH_CPU_S "):  # user + system seconds of the command, all threads
+            res["cpu_s"] = sum(map(float, line.split()[1:]))
     for line in out.decode().splitlines():
         if line.startswith("BENCH_RESULT "):
             res = json.loads(line[len("BENCH_RESULT "):])
@@ -549,8 +552,131 @@ def run_scenario(name: str, work: Path, repeat: int, log, stages: set[str] | Non
     return rows
 
 
+# ----------------------------------------------------------------------------- bigfile
+BIGFILES = {"bigfile": 2_000_000, "bigfile2g": 20_000_000, "bigfile_smoke": 50_000}
+
+
+def stage_bigpy(path: Path, limit: int) -> dict:
+    from bigfile import python_loop, typical_regexes
+
+    from faultline.rules.loader import load_ruleset
+    return python_loop(path, typical_regexes(load_ruleset()), limit or None)
+
+
+def run_bigfile(name: str, work: Path, repeat: int, log, reuse: bool = False, py_lines: int = 200_000,
+                baseline_src: str | None = None) -> list[dict]:
+    """One big combined log through `faultline diagnose FILE --format json` (a whole process) against
+    ripgrep (the ~36 typical failure patterns, byte mode) and the per-line Python `re.search` loop over
+    the same patterns and bytes, in the same run."""
+    import re as _re
+
+    from bigfile import TYPICAL_RULES, make_bigfile, typical_regexes
+
+    from faultline.rules.loader import load_ruleset
+
+    data = work / name
+    data.mkdir(parents=True, exist_ok=True)
+    path, info_file = data / "big.log", data / "info.json"
+    if reuse and info_file.exists() and path.exists():
+        info = json.loads(info_file.read_text())
+        log(f"  [{name}] reusing {path}")
+    else:
+        info = make_bigfile(path, BIGFILES[name])
+        info_file.write_text(json.dumps(info))
+        log(f"  [{name}] {info['lines']:,} lines, {info['bytes'] / 2**20:.0f} MiB written in {info['seconds']:.1f}s")
+    rs = load_ruleset()
+    named = _re.compile(r"\(\?P<\w+>")
+    pats = data / "patterns36.txt"
+    pats.write_text("\n".join(f"(?:(?-u){named.sub('(?:', x)})" for x in typical_regexes(rs)) + "\n")
+    rows: list[dict] = []
+
+    def row(stage, res, runs, peak, **kw):
+        r = {"stage": stage, "scenario": name, "lines": res.get("lines", info["lines"]),
+             "bytes": res.get("bytes", info["bytes"]), "median_s": statistics.median(runs) if runs else None,
+             "runs_s": runs, "peak_rss": peak, **kw}
+        rows.append(r)
+        log(f"  [{name}] {stage}: {r['median_s'] if r['median_s'] is None else round(r['median_s'], 3)} s "
+            f"(runs {[round(x, 3) for x in runs]}), peak {peak / 2**20:.0f} MiB")
+        return r
+
+    cpu: dict[str, list[float]] = {"ripgrep": [], "diagnose_cli": [], "diagnose_cli_base": []}
+
+    def cli(env=None):
+        # `python -m` puts the working folder first on sys.path: the baseline runs from its own tree
+        res, wall, rss, out = _child([*FAULTLINE, "diagnose", str(path), "--format", "json"], env=env, ok=(0, 1, 3, 4),
+                                     cwd=baseline_src if env else None)
+        cpu["diagnose_cli_base" if env else "diagnose_cli"].append(res.get("cpu_s"))
+        return {"seconds": wall, "outcome": json.loads(out)["outcome"]}, rss
+
+    def rg():
+        res, wall, rss, out = _child([shutil.which("rg"), "-c", "--no-messages", "-f", str(pats), str(path)])
+        cpu["ripgrep"].append(res.get("cpu_s"))
+        return {"seconds": wall, "matched_lines": int(out.decode().strip() or 0)}, rss
+
+    cli()  # warm-up: the file in the page cache and the ruleset cache written, for every row alike
+    cpu["diagnose_cli"].clear()
+    # interleaved, so that the load of a shared machine falls on every row alike
+    rg_runs, cli_runs, base_runs, rg_peak, cli_peak, base_peak = [], [], [], 0, 0, 0
+    env_base = None
+    if baseline_src:
+        env_base = {**os.environ, "PYTHONPATH": baseline_src}
+    outcome = matched = None
+    for _ in range(repeat):
+        if shutil.which("rg"):
+            res, rss = rg()
+            rg_runs.append(res["seconds"])
+            rg_peak, matched = max(rg_peak, rss), res["matched_lines"]
+        res, rss = cli()
+        cli_runs.append(res["seconds"])
+        cli_peak, outcome = max(cli_peak, rss), res["outcome"]
+        if env_base:
+            res, rss = cli(env_base)
+            base_runs.append(res["seconds"])
+            base_peak = max(base_peak, rss)
+    rg_row = row("ripgrep", {}, rg_runs, rg_peak, patterns=len(TYPICAL_RULES), matched_lines=matched,
+                 note="rg -c -f patterns36.txt FILE (byte mode)") if rg_runs else None
+    py = None
+    if py_lines:
+        res, runs, peak = _median_run(lambda: _py_stage_big(path, py_lines), repeat)
+        py = row("python_loop", res, runs, peak, patterns=res["patterns"], cpu_s=res["cpu_s"],
+                 matched_lines=res["matched_lines"],
+                 note=f"re.search of the {res['patterns']} patterns per line, first {res['lines']:,} lines; rate extrapolates")
+    row("diagnose_cli", {}, cli_runs, cli_peak, outcome=outcome,
+        note="`python -m faultline diagnose FILE --format json`, whole process")
+    if base_runs:
+        row("diagnose_cli_base", {}, base_runs, base_peak, note=f"the same, code at {baseline_src}")
+    for r in rows:  # CPU seconds (user + system, all threads): what a loaded shared machine distorts least
+        if r["stage"] in cpu:
+            c = [x for x in cpu[r["stage"]] if x is not None]
+            r["cpu_s"] = statistics.median(c) if c else None
+    rg_s = rg_row["median_s"] if rg_row else None
+    py_rate = py["lines"] / py["median_s"] if py else None
+    for r in rows:
+        r["info"] = None
+        r["lines_per_s"] = r["lines"] / r["median_s"] if r["median_s"] else None
+        r["mb_per_s"] = r["bytes"] / 2**20 / r["median_s"] if r["median_s"] else None
+        r["vs_rg"] = r["median_s"] / rg_s if rg_s and r["stage"].startswith("diagnose") else None
+        r["vs_py"] = r["lines_per_s"] / py_rate if py_rate and r["stage"] != "python_loop" and r["lines_per_s"] else None
+        # the same ratios from CPU seconds
+        rg_c = rg_row.get("cpu_s") if rg_row else None
+        py_c = py["lines"] / py["cpu_s"] if py and py.get("cpu_s") else None
+        r["vs_rg_cpu"] = r["cpu_s"] / rg_c if rg_c and r.get("cpu_s") and r["stage"].startswith("diagnose") else None
+        r["vs_py_cpu"] = (r["lines"] / r["cpu_s"] / py_c if py_c and r.get("cpu_s") and r["stage"] != "python_loop"
+                          else None)
+    rows[0]["info"] = info
+    return rows
+
+
+def _py_stage_big(path: Path, limit: int):
+    res, wall, rss, _ = _child([sys.executable, str(HERE / "run.py"), "--stage", "bigpy", "--data", str(path),
+                                "--limit", str(limit)])
+    return res, rss
+
+
 def fmt_table(rows: list[dict]) -> str:
     head = ["stage", "scen", "lines", "MB", "median s", "lines/s", "MB/s", "x rg time", "x py speed", "peak RSS"]
+    if any(r.get("cpu_s") for r in rows):
+        head += ["CPU s", "x rg CPU", "x py CPU"]
     out = [head]
     for r in rows:
         def f(v, spec):
@@ -558,7 +684,9 @@ def fmt_table(rows: list[dict]) -> str:
         out.append([r["stage"], r["scenario"], f(r.get("lines"), ","), f(r["bytes"] / 2**20 if r.get("bytes") else None, ".0f"),
                     f(r.get("median_s"), ".3f"), f(r.get("lines_per_s"), ",.0f"), f(r.get("mb_per_s"), ".0f"),
                     f(r.get("vs_rg"), ".2f"), f(r.get("vs_py"), ".1f"),
-                    "-" if not r.get("peak_rss") else f"{r['peak_rss'] / 2**20:.0f} MiB"])
+                    "-" if not r.get("peak_rss") else f"{r['peak_rss'] / 2**20:.0f} MiB"]
+                   + ([f(r.get("cpu_s"), ".2f"), f(r.get("vs_rg_cpu"), ".2f"), f(r.get("vs_py_cpu"), ".1f")]
+                      if len(head) > 10 else []))
     w = [max(len(str(row[i])) for row in out) for i in range(len(head))]
     lines = ["| " + " | ".join(str(c).ljust(w[i]) for i, c in enumerate(row)) + " |" for row in out]
     lines.insert(1, "|" + "|".join("-" * (x + 2) for x in w) + "|")
@@ -576,13 +704,20 @@ def main(argv=None) -> int:
                     help="with --workdir: use scenario data left there by an earlier --keep-data run")
     ap.add_argument("--stages", default=None,
                     help=f"comma-separated subset of {','.join(STAGES)} (default: all)")
+    ap.add_argument("--bigfile-2g", action="store_true",
+                    help="also the ~2 GB bigfile log (20 M lines; ~5 GB of disk with the 210 MB one, minutes)")
+    ap.add_argument("--bigfile-py-lines", type=int, default=200_000,
+                    help="lines the bigfile Python-loop baseline reads (its rate extrapolates; 0: all)")
+    ap.add_argument("--baseline-src", default=None,
+                    help="bigfile: also time the CLI with PYTHONPATH=this source tree (e.g. a git worktree of main)")
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.stage:  # child mode
         data = Path(a.data)
-        res = stage_python(data, a.limit) if a.stage == "python" else CHILD[a.stage](data)
+        res = (stage_python(data, a.limit) if a.stage == "python" else stage_bigpy(data, a.limit)
+               if a.stage == "bigpy" else CHILD[a.stage](data))
         print("BENCH_RESULT " + json.dumps(res))
         return 0
     import tempfile
@@ -598,12 +733,18 @@ def main(argv=None) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     rows: list[dict] = []
     try:
-        for name in a.scenarios.split(","):
+        names = [n.strip() for n in a.scenarios.split(",")]
+        if a.bigfile_2g and "bigfile2g" not in names:
+            names.append("bigfile2g")
+        for name in names:
             log(f"scenario {name}")
-            rows += run_scenario(name.strip(), work, a.repeat, log,
-                                 set(a.stages.split(",")) if a.stages else None, a.reuse_data)
+            if name in BIGFILES:
+                rows += run_bigfile(name, work, a.repeat, log, a.reuse_data, a.bigfile_py_lines, a.baseline_src)
+            else:
+                rows += run_scenario(name, work, a.repeat, log,
+                                     set(a.stages.split(",")) if a.stages else None, a.reuse_data)
             if not keep:
-                shutil.rmtree(work / name.strip(), ignore_errors=True)
+                shutil.rmtree(work / name, ignore_errors=True)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

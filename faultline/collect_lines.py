@@ -15,12 +15,20 @@ import polars as pl
 
 from faultline.collectors import files as filecol
 from faultline.evidence import (JOBS_SCHEMA, PROGRESS_SCHEMA, STATS_SCHEMA, Evidence, file_coverage)
-from faultline.logparse import TS_DTYPE, detail_exprs, identity_exprs, progress_lines
+from faultline.logparse import TS_DTYPE, detail_exprs, identity_exprs, progress_lines, with_identity_keys
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
 
 PARSE_BATCH_ROWS = 1 << 17  # lines of small files parsed together (a 16 MiB block alone is about this)
 EXTRACT_BATCH_ROWS = 1 << 18  # candidate lines gathered before one extract (bounds memory)
+
+
+def _own_copy(s: pl.Expr) -> pl.Expr:
+    """The same strings in buffers of their own. A filtered or parsed String column still points into
+    the whole block it came from (Polars' string views share buffers), so a few kept candidate lines
+    would keep every 16 MiB block of a big file alive: 3 GB of memory for a 2 GB log. A replace copies
+    (an empty match at the start, replaced by nothing: the value is unchanged)."""
+    return s.str.replace("^", "")
 
 
 @dataclass
@@ -88,23 +96,34 @@ class LineCollector:
         self._symptoms.append(sym)
 
     def _parse(self) -> None:
+        """Who spoke every line, progress, candidates. Node and rank come from each distinct identity key
+        (`logparse.with_identity_keys`: most lines share a few hundred prefixes), counted per key before they
+        are parsed; only candidate lines are given their node and rank row by row."""
         if not self._raw:
             return
-        ident = identity_exprs()
-        lines = pl.concat(self._raw, how="vertical").with_columns(
-            node=pl.coalesce(ident["node"], pl.col("_fnode")), rank=pl.coalesce(ident["rank"], pl.col("_frank")),
-            cluster=pl.lit(self.job.cluster), job_id=pl.lit(self.job.job_id),
-            attempt=pl.lit(self.job.attempt, pl.Int32))
+        raw = pl.concat(self._raw, how="vertical")
         self._raw.clear()
-        self._stats.append(lines.group_by([*KEY, "node", "rank"]).agg(lines=pl.len().cast(pl.Int64)))
-        self._progress.append(progress_lines(lines)
-                              .group_by([*KEY, "file"]).agg(last_progress=pl.col("seq").max()))
-        cand = lines.filter(prefilter_expr(self.literals))
+        # The passes over every line run on Polars' streaming engine, which splits them over the cores.
+        lines = with_identity_keys(raw.lazy()).collect(engine="streaming").lazy()
+        job = {"cluster": pl.lit(self.job.cluster), "job_id": pl.lit(self.job.job_id),
+               "attempt": pl.lit(self.job.attempt, pl.Int32)}
+        counts, progress, cand = pl.collect_all([
+            lines.group_by("_k", "_fnode", "_frank").agg(lines=pl.len().cast(pl.Int64)),
+            progress_lines(lines).select(**job, file="file", seq="seq")
+            .group_by([*KEY, "file"]).agg(last_progress=pl.col("seq").max()),
+            lines.filter(prefilter_expr(self.literals))], engine="streaming")
+        who = counts.select("_k").unique().with_columns(**identity_exprs(column="_k")).with_columns(
+            node=_own_copy(pl.col("node")))
+        self._stats.append(counts.join(who, on="_k", how="left").select(
+            **job, node=pl.coalesce("node", "_fnode"), rank=pl.coalesce("rank", "_frank"), lines="lines"))
+        self._progress.append(progress)
         if cand.height:
             d = detail_exprs(self.year)
-            cand = cand.with_columns(local_rank=d["local_rank"], gpu=d["gpu"],
-                                     ts=pl.coalesce(d["ts"], pl.col("_rts")))  # the line's own time wins
-            self._pending.append(cand.select(*LOG_SCHEMA, "_blk"))
+            cand = (cand.join(who, on="_k", how="left", maintain_order="left")
+                    .with_columns(**job, node=pl.coalesce("node", "_fnode"), rank=pl.coalesce("rank", "_frank"),
+                                  local_rank=d["local_rank"], gpu=d["gpu"],
+                                  ts=pl.coalesce(d["ts"], pl.col("_rts"))))  # the line's own time wins
+            self._pending.append(cand.select(*LOG_SCHEMA, "_blk").with_columns(line=_own_copy(pl.col("line"))))
             if sum(c.height for c in self._pending) >= EXTRACT_BATCH_ROWS:
                 self._flush()
 

@@ -112,9 +112,10 @@ def _not_source_file(host: pl.Expr) -> pl.Expr:
     return pl.when(host.str.contains(_SOURCE_FILE)).then(None).otherwise(host)
 
 
-def identity_exprs(file_node: str | None = None, file_rank: int | None = None) -> dict[str, pl.Expr]:
+def identity_exprs(file_node: str | None = None, file_rank: int | None = None,
+                   column: str = "line") -> dict[str, pl.Expr]:
     """node and rank of a line: all a line needs to be counted as spoken by someone."""
-    line = pl.col("line")
+    line = pl.col(column)
     node = pl.coalesce(
         line.str.extract(_SYSLOG, 4),
         line.str.extract(_JOURNAL, 3),
@@ -134,6 +135,43 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None) -
         pl.lit(None if file_rank is None else str(file_rank), dtype=pl.String),
     ).cast(pl.Int32, strict=False)
     return {"node": node, "rank": rank}
+
+
+# Who spoke, once per distinct prefix: a big log is millions of lines from a few hundred processes, each
+# line led by the same few launcher and NCCL prefixes (`[default3]:[rank3]:`, `host:pid:tid [gpu] `). One
+# anchored expression takes that prefix; where it settles node and rank by itself the prefix is the key,
+# elsewhere the whole line is; `identity_exprs` runs once per distinct key. Why a prefix settles them:
+# - a line that starts with torchrun tags (`[default3]:`, `[rank3]:`, `[trainer3]:`, `[worker3]:`) or with
+#   an NCCL `host:pid:tid [gpu] ` fails every anchored node pattern (syslog, journal, UCX/Open MPI, Ray,
+#   prompt, kubectl, pdsh, `[host] `) and the MPI tag within its first characters, on the line as on the
+#   prefix: each needs a character there that a tag or a host name cannot hold (`(`, `<`, a digit, a space,
+#   `: `, `] `, `@` before the first `:`, a host word before `]`);
+# - an NCCL part in the prefix is the line's leftmost NCCL match (none can start inside the tags) and
+#   lies wholly inside the prefix: node settled. Without one, the line's NCCL match needs ` [`: a line
+#   without ` [` has no node;
+# - a `[rankN]:` tag in the prefix is the line's leftmost torchrun rank, which comes first: rank settled.
+#   Without one, a line holding neither `[rank` nor `Rank ` has no torchrun or c10d rank, and no MPI tag.
+_SPOKE_PREFIX = (r"^(?:\[(?:default|trainer|worker)\d{1,4}\]:|\[rank\d{1,6}\]:)*"
+                 r"(?:[A-Za-z0-9.\-_]*[A-Za-z0-9]:\d+:\d+ \[\d{1,2}\] )?")
+
+
+def with_identity_keys(lines: pl.LazyFrame, column: str = "line") -> pl.LazyFrame:
+    """Adds column `_k`: what node and rank of a line depend on: its prefix where that settles them, else
+    the line itself."""
+    line, key = pl.col(column), pl.col("_p")
+    node_settled = key.str.ends_with("] ") | (key.str.starts_with("[") & ~line.str.contains(" [", literal=True))
+    rank_settled = key.str.contains("[rank", literal=True) | ~line.str.contains_any(["[rank", "Rank "])
+    return (lines.with_columns(_p=line.str.extract(_SPOKE_PREFIX, 0))
+            .with_columns(_k=pl.when((key != "") & node_settled & rank_settled).then(key).otherwise(line))
+            .drop("_p"))
+
+
+def who_spoke(lines: pl.DataFrame, column: str = "line") -> pl.DataFrame:
+    """Columns node and rank of every row of `lines`, in order: `identity_exprs` of each line, computed
+    once per distinct `_k` of `with_identity_keys`."""
+    keys = with_identity_keys(lines.lazy().select(column), column).select("_k").collect(engine="streaming")
+    parsed = keys.unique().with_columns(**identity_exprs(column="_k"))
+    return keys.join(parsed, on="_k", how="left", maintain_order="left", nulls_equal=True).select("node", "rank")
 
 
 def detail_exprs(year: int) -> dict[str, pl.Expr]:

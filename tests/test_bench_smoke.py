@@ -50,3 +50,21 @@ def test_bench_smoke(tmp_path):
         assert rows["ripgrep"]["matched_lines"] == rows["extract"]["matched_lines"]
         assert rows["extract"]["vs_rg"] > 0
     assert not list(tmp_path.glob("faultline-bench-*")), "scenario data was not cleaned up"
+
+
+@pytest.mark.skipif(shutil.which("rg") is None, reason="ripgrep not installed: the bigfile stage's baseline")
+def test_bench_bigfile_stage_smoke(tmp_path):
+    """The bigfile stage on a 50,000-line log of its kind: the whole CLI process, ripgrep and the Python
+    loop over the same file, and the CLI finds the injected fault (Xid 79 on gpu-node-005)."""
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--scenarios", "bigfile_smoke", "--repeat", "1",
+                           "--bigfile-py-lines", "2000", "--out", str(out), "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["stage"]: r for r in json.loads(out.read_text())["rows"]}
+    assert {"ripgrep", "python_loop", "diagnose_cli"} <= set(rows)
+    cli = rows["diagnose_cli"]
+    assert cli["outcome"] == "gpu_hardware" and cli["lines"] == 50_000 and cli["vs_rg"] > 0 and cli["vs_py"] > 0
+    assert 0 < cli["peak_rss"] < 4 << 30 and cli["cpu_s"] > 0
+    assert rows["ripgrep"]["matched_lines"] > 0 and rows["python_loop"]["lines"] == 2000  # the fault is at the end
+    assert rows["python_loop"]["patterns"] == 36

@@ -86,3 +86,28 @@ def test_only_garbage_gives_a_verdict(write, ruleset):
     d = diagnose_files([p], ruleset)
     assert d["outcome"] in ("healthy", "unknown")
     assert d["culprit"] == {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []}
+
+
+def test_arrow_line_splitter_gives_the_python_splitters_lines_and_counts(tmp_path, monkeypatch):
+    """Big files are split by numpy/Arrow (collectors.files.ARROW_FROM); every guarantee of the Python
+    path holds there too: \\r\\n, lone \\r, ANSI colours, U+FFFD counted, invalid bytes replaced (that
+    block falls back), long lines cut at every block boundary."""
+    from faultline.collectors import files as filecol
+
+    rnd = random.Random(11)
+    pieces = [b"hello", b"\n", b"\r\n", b"\r", b"\x1b[31mred\x1b[0m", "\u00e9\u2713".encode(), "\ufffd".encode(),
+              b"gpu-1:12:34 [3] NCCL INFO x", b"\n\n", b"a" * 70, b"\xff", b"\xc3", b"[rank3]: loss 2.0"]
+    for k in range(60):
+        data = b"".join(rnd.choice(pieces) for _ in range(rnd.randrange(1, 500)))
+        if k % 4 == 0:
+            data += b"x" * rnd.randrange(0, 5000) + rnd.choice([b"", b"\n", b"\r"])
+        p = tmp_path / f"f{k}.log"
+        p.write_bytes(data)
+        kw = {"block_bytes": rnd.choice([64, 333, 4096, 1 << 20]), "max_line": rnd.choice([40, 100, 1 << 16])}
+        monkeypatch.setattr(filecol, "ARROW_FROM", 1 << 60)
+        want = lines_of(p, **kw)
+        monkeypatch.setattr(filecol, "ARROW_FROM", 0)
+        got = lines_of(p, **kw)
+        assert got[0] == want[0]
+        assert (got[1].bytes, got[1].truncated_lines, got[1].replaced_chars) == \
+            (want[1].bytes, want[1].truncated_lines, want[1].replaced_chars)

@@ -119,3 +119,27 @@ def test_ucx_openmpi_and_prompt_prefixes_name_the_node():
                                    "alice@dgx-b200-12:~/run$ torchrun train.py"]})
     assert lines.with_columns(**identity_exprs())["node"].to_list() == ["gpu-a-07", "gpu-a-08", "node01", None,
                                                                         "dgx-b200-12"]
+
+
+def test_who_spoke_per_distinct_prefix_equals_the_full_parse_of_every_line():
+    """`who_spoke` parses each distinct prefix once where the prefix settles node and rank; lines whose
+    rest could still say something (a torchrun rank, a c10d rank, an NCCL host later on) are parsed whole."""
+    from faultline.logparse import who_spoke
+
+    lines = [
+        "gpu-node-001:21508:21555 [3] NCCL INFO Channel 13/0 : 11[3] -> 12[4] via P2P/IPC/read",
+        "[default3]:gpu-node-001:21508:21555 [3] NCCL INFO Trees [0] 12/-1/-1->11->10",
+        "gpu-node-001:21508:21555 [3] NCCL INFO [rank5]: something",
+        "gpu-node-001:21508:21555 [3] NCCL INFO [PG 0 Rank 7] watchdog",
+        "[default3]:[rank11]:[I1201 10:00:00.1 train.py:4] step 3 loss 2.1",
+        "[default3]: iteration 5 | lm loss: 2.0 |",
+        "[default3]: progress 10% [00:01<00:02] from other-host:12:34 [1] NCCL INFO",
+        "[default3]:[Rank 4] Watchdog caught collective operation timeout",
+        "[rank2]:[hgx-b17] hello",
+        "[worker3]:x", "[worker3] x", "[trainer2]:[rank9]:[rank10]: y",
+        "2024-01-01T10:12:13 [3] NCCL INFO odd host", "Jan:12:13 [3] x", "n1:5:6 [0] ok",
+        "Jun  9 11:49:36 dgx-a100-07 kernel: NVRM: Xid 79", "[1,5]<stderr>:[gpu-h01:41222:0:41222] Caught signal",
+        "user@gpu-3:~/run$ python train.py", "(pid=4471, ip=10.0.5.12) x", "", "[", "]:", "gpu-1:1:2 [3] ",
+    ]
+    df = pl.DataFrame({"line": lines * 3})
+    assert who_spoke(df).equals(df.select(**identity_exprs()))

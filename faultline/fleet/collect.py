@@ -13,7 +13,7 @@ import polars as pl
 from faultline.collectors import loki, prometheus, slurm, slurmrestd
 from faultline.fleet import loki_jobs
 from faultline.fleet.config import ClusterConfig
-from faultline.logparse import identity_exprs
+from faultline.logparse import who_spoke
 from faultline.taxonomy import FAILED_STATES, SOURCES
 from faultline.warehouse.schema import JOB_KEY, TABLES
 
@@ -86,9 +86,10 @@ def parse_logs(raw: pl.DataFrame) -> pl.DataFrame:
     the few lines a rule can match (`fleet.diagnose.with_line_details`)."""
     if raw.height == 0:
         return pl.DataFrame(schema=TABLES["logs"])
-    ident = identity_exprs()
-    out = loki.with_sequence(raw).with_columns(
-        node=pl.coalesce(ident["node"], pl.col("node")), rank=ident["rank"],
+    raw = loki.with_sequence(raw)
+    who = who_spoke(raw)
+    out = raw.with_columns(
+        node=pl.coalesce(who["node"], pl.col("node")), rank=who["rank"],
         local_rank=pl.lit(None, pl.Int32), gpu=pl.lit(None, pl.Int32))
     return out.select(list(TABLES["logs"]))
 

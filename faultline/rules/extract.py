@@ -46,8 +46,15 @@ def prefilter_literals(ruleset: Ruleset) -> list[str]:
     A line holding "nccl warn" holds "nccl" too, so the longer literal adds nothing to "contains
     any" and only slows the scan.
     """
-    lits = {lit for r in ruleset.log_rules for lit in r.log.literals}
-    return sorted(lit for lit in lits if not any(o != lit and o in lit for o in lits))
+    return list(_minimal_literals(tuple(sorted({lit for r in ruleset.log_rules for lit in r.log.literals}))))
+
+
+@lru_cache(maxsize=32)
+def _minimal_literals(lits: tuple[str, ...]) -> tuple[str, ...]:
+    # One Aho-Corasick pass over the literals themselves finds which hold another (a pairwise Python
+    # check of ~450 literals cost ~0.13 s, a tenth of a big file's whole diagnosis).
+    found = pl.Series(lits, dtype=pl.String).str.extract_many(list(lits), overlapping=True).to_list()
+    return tuple(lit for lit, inside in zip(lits, found) if all(o == lit for o in inside))
 
 
 _RE_META = set("\\.+*?()|[]{}^$#&-~")
