@@ -20,6 +20,7 @@ Everything runs over frames per cluster and day (Polars joins, DuckDB scans); no
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import date, datetime, timedelta, timezone
 
@@ -53,9 +54,13 @@ def stamp(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S")
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
 def unique_batch(*parts: str) -> str:
-    """A batch name never used before: a batch is written once, so no write replaces another's rows."""
-    return "-".join([*parts, uuid.uuid4().hex[:8]])
+    """A batch name never used before: a batch is written once, so no write replaces another's rows.
+    Parts are made name-safe (a heterogeneous or array job id `4711+0`, `4711_[1-3]` has `+`, `[`)."""
+    return "-".join([*(_UNSAFE.sub("_", p) for p in parts), uuid.uuid4().hex[:8]])
 
 
 def day_pieces(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
