@@ -183,6 +183,13 @@ def cmd_flow(args) -> int:
     from faultline.flows.env import configure_prefect
 
     configure_prefect(args.data_dir)
+    from faultline.flows.server import prefect_api
+
+    with prefect_api():
+        return _run_flow(args)
+
+
+def _run_flow(args) -> int:
     from faultline.flows import flows
 
     common = {"data_dir": args.data_dir}
@@ -222,9 +229,11 @@ def cmd_backfill(args) -> int:
 
     configure_prefect(args.data_dir)
     from faultline.flows import flows
+    from faultline.flows.server import prefect_api
 
     try:
-        out = flows.backfill(since=args.since, until=args.until, data_dir=args.data_dir)
+        with prefect_api():
+            out = flows.backfill(since=args.since, until=args.until, data_dir=args.data_dir)
     except ConfigError as exc:
         print(f"faultline: {exc}", file=sys.stderr)
         return 2
@@ -283,8 +292,10 @@ def cmd_serve_flows(args) -> int:
     from prefect import serve
 
     from faultline.flows.deployments import build_all
+    from faultline.flows.server import prefect_api
 
-    serve(*build_all({"data_dir": args.data_dir}))
+    with prefect_api():
+        serve(*build_all({"data_dir": args.data_dir}))
     return 0
 
 
