@@ -171,8 +171,8 @@ def write_folder(root: Path, rng: random.Random, seeds: list[str]) -> list[Path]
     for i in range(rng.randint(1, 6)):
         rel = rng.choice(NAMES)
         p = root / f"{i}" / rel if rng.random() < 0.3 else root / rel
-        if p.exists():
-            continue
+        if p.exists() or p.is_symlink() or any(q.is_symlink() or q.is_file() for q in p.parents):
+            continue  # a name already taken by this folder (a file, or a looping link): another file
         p.parent.mkdir(parents=True, exist_ok=True)
         data = gen.file_bytes(rng, seeds)
         kind = rng.choice(("plain", "plain", "gz", "bz2", "xz", "cut", "bomb", "fifo", "link"))
