@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from faultline import taxonomy
+from faultline import limits, taxonomy
 
 
 def _ruleset(args):
@@ -183,6 +183,13 @@ def cmd_flow(args) -> int:
     from faultline.flows.env import configure_prefect
 
     configure_prefect(args.data_dir)
+    from faultline.flows.server import prefect_api
+
+    with prefect_api():
+        return _run_flow(args)
+
+
+def _run_flow(args) -> int:
     from faultline.flows import flows
 
     common = {"data_dir": args.data_dir}
@@ -200,7 +207,12 @@ def cmd_flow(args) -> int:
         if not (args.cluster and args.job_id):
             print("faultline: flow job needs --cluster and --job-id", file=sys.stderr)
             return 2
-        out = flows.diagnose_job(cluster=args.cluster, job_id=args.job_id, **common)
+        from faultline.fleet.single import JobNotFinished, JobNotFound, SourceError
+        try:
+            out = flows.diagnose_job(cluster=args.cluster, job_id=args.job_id, **common)
+        except (JobNotFound, JobNotFinished, SourceError) as exc:  # a clear answer, not a traceback
+            print(f"faultline: {exc}", file=sys.stderr)
+            return 1
     elif args.flow == "placements":
         out = flows.record_placements(clusters=[args.cluster] if args.cluster else None, **common)
     else:
@@ -219,9 +231,11 @@ def cmd_backfill(args) -> int:
 
     configure_prefect(args.data_dir)
     from faultline.flows import flows
+    from faultline.flows.server import prefect_api
 
     try:
-        out = flows.backfill(since=args.since, until=args.until, data_dir=args.data_dir)
+        with prefect_api():
+            out = flows.backfill(since=args.since, until=args.until, data_dir=args.data_dir)
     except ConfigError as exc:
         print(f"faultline: {exc}", file=sys.stderr)
         return 2
@@ -280,8 +294,10 @@ def cmd_serve_flows(args) -> int:
     from prefect import serve
 
     from faultline.flows.deployments import build_all
+    from faultline.flows.server import prefect_api
 
-    serve(*build_all({"data_dir": args.data_dir}))
+    with prefect_api():
+        serve(*build_all({"data_dir": args.data_dir}))
     return 0
 
 
@@ -358,30 +374,35 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--port", type=int, default=8080)
     api.add_argument("--config", help="fleet config for diagnosis by reference and stored diagnoses "
                                       "(a faultline.yaml or its data dir; default: data/faultline.yaml if present)")
-    api.add_argument("--max-body-mb", type=float, default=512, help="largest request body in MiB (413 past it)")
-    api.add_argument("--workers-max", type=int, default=2, help="diagnoses run at once; more requests queue")
-    api.add_argument("--queue-timeout", type=float, default=30,
+    api.add_argument("--max-body-mb", type=float, default=limits.MAX_BODY_MB, help="largest request body in MiB (413 past it)")
+    api.add_argument("--workers-max", type=int, default=limits.WORKERS_MAX, help="diagnoses run at once; more requests queue")
+    api.add_argument("--queue-timeout", type=float, default=limits.QUEUE_TIMEOUT_S,
                      help="seconds a request may wait for a free worker before 503 (default 30)")
     api.add_argument("--tmp-dir", help="where uploaded logs are written while diagnosed (default: system temp)")
-    api.add_argument("--max-json-mb", type=float, default=64, help="largest JSON body in MiB (413 past it; default 64)")
+    api.add_argument("--max-json-mb", type=float, default=limits.MAX_JSON_MB, help="largest JSON body in MiB (413 past it; default 64)")
     api.add_argument("--allowed-host", action="append",
                      help="a Host header name to answer besides the loopback names (repeatable; '*' for any)")
     api.add_argument("--allowed-origin", action="append",
                      help="a browser origin (https://ops.example.org) allowed to send POSTs (repeatable)")
-    api.add_argument("--header-timeout", type=float, default=10, help="seconds to receive a request head (default 10)")
-    api.add_argument("--read-timeout", type=float, default=15,
+    api.add_argument("--header-timeout", type=float, default=limits.HEADER_TIMEOUT_S, help="seconds to receive a request head (default 10)")
+    api.add_argument("--read-timeout", type=float, default=limits.READ_TIMEOUT_S,
                      help="longest pause in seconds between two pieces of a body before 408 (default 15)")
-    api.add_argument("--body-timeout", type=float, default=300,
+    api.add_argument("--body-timeout", type=float, default=limits.BODY_TIMEOUT_S,
                      help="longest time in seconds to receive a whole body before 408 (default 300)")
-    api.add_argument("--keep-alive", type=int, default=5, help="seconds an idle connection is kept (default 5)")
-    api.add_argument("--max-connections", type=int, default=256, help="open connections at once (503 past it)")
+    api.add_argument("--keep-alive", type=int, default=limits.KEEP_ALIVE_S, help="seconds an idle connection is kept (default 5)")
+    api.add_argument("--max-connections", type=int, default=limits.MAX_CONNECTIONS, help="open connections at once (503 past it)")
+    api.add_argument("--max-decompressed-mb", type=float, default=limits.SERVICE_DECOMPRESSED_MB,
+                     help="MiB of text one request's files may yield after decompression (past it the text is cut "
+                          "and the coverage says where; default %(default)s)")
+    api.add_argument("--max-lines", type=int, default=limits.SERVICE_MAX_LINES,
+                     help="lines one request's files may yield (past it: cut, in the coverage; default %(default)s)")
     api.add_argument("--tokens", help="bearer tokens file (name, sha256, scopes, limits; default $FAULTLINE_TOKENS; "
                                       "none: no authentication)")
     api.add_argument("--sessions-db", help="DuckDB file of the sessions (default <data dir>/service/sessions.duckdb)")
     api.add_argument("--session-ttl-hours", type=float, default=24, help="a session expires this long after its last change")
     api.add_argument("--max-sessions", type=int, default=1000, help="sessions kept at once (429 past it)")
-    api.add_argument("--max-session-lines", type=int, default=2_000_000, help="log lines one session may hold (413 past it)")
-    api.add_argument("--max-session-mb", type=float, default=256, help="MiB of log text one session may hold (413 past it)")
+    api.add_argument("--max-session-lines", type=int, default=limits.SESSION_LINES, help="log lines one session may hold (413 past it)")
+    api.add_argument("--max-session-mb", type=float, default=limits.SESSION_MB, help="MiB of log text one session may hold (413 past it)")
     api.add_argument("--drains-per-cluster-hour", type=int, default=4,
                      help="action guard: node actions approved per cluster in any hour (default 4)")
     api.add_argument("--drains-per-job", type=int, default=2, help="action guard: nodes of one job (default 2)")

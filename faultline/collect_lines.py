@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import polars as pl
 
 from faultline.collectors import files as filecol
+from faultline.limits import CLI_READ, ReadLimits
 from faultline.evidence import (JOBS_SCHEMA, PROGRESS_SCHEMA, STATS_SCHEMA, Evidence, file_coverage)
 from faultline.logparse import TS_DTYPE, detail_exprs, identity_exprs, progress_lines, with_identity_keys
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_logs, prefilter_expr, prefilter_literals
@@ -56,11 +58,48 @@ class LineCollector:
         self._stats: list[pl.DataFrame] = []
         self._progress: list[pl.DataFrame] = []
         self._blocks = 0
+        self.bytes_read = 0  # text bytes of all files read so far (the job's ReadLimits count these)
+        self.lines_read = 0
 
     def report(self, name: str, source: str, node: str | None, rank: int | None) -> filecol.FileReport:
         rep = filecol.FileReport(name, source, node, rank)
         self.reports.append(rep)
         return rep
+
+    def read_file(self, path: Path, rep: filecol.FileReport, limits: ReadLimits = CLI_READ,
+                  block_bytes: int = filecol.BLOCK_BYTES, max_line: int = filecol.MAX_LINE) -> None:
+        """One file on disk through the collect step, within the job's `limits`. Whatever stopped the
+        reading (damage, a limit) is on `rep`, with what was read before it kept: never raised."""
+        left_bytes, left_lines = limits.job_bytes - self.bytes_read, limits.job_lines - self.lines_read
+        if left_bytes <= 0 or left_lines <= 0:
+            what = f"{limits.job_bytes} bytes of text" if left_bytes <= 0 else f"{limits.job_lines} lines"
+            rep.status, rep.reason = "error", f"not read: the job's limit of {what} was reached by earlier files"
+            return
+        file_cap = limits.file_bytes if filecol.is_compressed(path) else left_bytes
+        cap = min(file_cap, left_bytes)
+        seq = 0
+        try:
+            for block in filecol.read_blocks(path, rep, block_bytes, max_line, max_bytes=cap):
+                if block.height >= left_lines:
+                    block, left_lines = block.head(left_lines), 0
+                else:
+                    left_lines -= block.height
+                seq = self.add(block, rep, seq)
+                if left_lines == 0:
+                    rep.status = "error"
+                    rep.reason = f"cut after line {rep.lines}: the job's limit of {limits.job_lines} lines was reached"
+                    break
+            else:
+                if rep.cut_at is not None:
+                    which = ("the limit of decompressed bytes per file" if cap == file_cap and cap < left_bytes
+                             else "the job's limit of bytes of text")
+                    rep.status = "error"
+                    rep.reason = f"cut after {rep.cut_at} bytes of text (line {rep.lines}): {which} ({cap} bytes) was reached"
+        except filecol.READ_ERRORS as exc:  # unreadable, corrupt archive, ...
+            rep.status, rep.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            self.bytes_read += rep.bytes
+            self.lines_read += rep.lines
 
     def add(self, block: pl.DataFrame, rep: filecol.FileReport, seq0: int) -> int:
         """One block of one file: column `line`, optionally `_fnode`/`_frank`/`_fsource` (what the client

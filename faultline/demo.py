@@ -116,19 +116,22 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
          f"Kubernetes/Kueue cluster kube: {kube_truth.height} workloads")
 
     configure_prefect(demo)
-    from faultline.flows import flows
+    from faultline.flows.server import prefect_api
 
-    print("  2/4 collect  (Prefect flow: each cluster's jobs, their logs and coverage, committed per day) ...",
-          flush=True)
-    collected = flows.collect(data_dir=str(demo), start=start, end=end)
-    done(f"{sum(c['jobs'] for c in collected)} jobs, {sum(c['logs'] for c in collected):,} log lines collected")
-    print("  3/4 diagnose (Prefect flow: every collected failed job at once) ...", flush=True)
-    diagnosed = flows.diagnose(data_dir=str(demo))
-    done(f"{sum(d['diagnosed'] for d in diagnosed)} diagnoses")
-    print("  4/4 report   (trend tables + HTML) ...", flush=True)
-    html = flows.report(data_dir=str(demo), day=(end.date() - __import__("datetime").timedelta(days=1)),
-                        days=(end - start).days)
-    done("report written")
+    with prefect_api():  # Prefect's temporary API inside this process: nothing outlives the demo
+        from faultline.flows import flows
+
+        print("  2/4 collect  (Prefect flow: each cluster's jobs, their logs and coverage, committed per day) ...",
+              flush=True)
+        collected = flows.collect(data_dir=str(demo), start=start, end=end)
+        done(f"{sum(c['jobs'] for c in collected)} jobs, {sum(c['logs'] for c in collected):,} log lines collected")
+        print("  3/4 diagnose (Prefect flow: every collected failed job at once) ...", flush=True)
+        diagnosed = flows.diagnose(data_dir=str(demo))
+        done(f"{sum(d['diagnosed'] for d in diagnosed)} diagnoses")
+        print("  4/4 report   (trend tables + HTML) ...", flush=True)
+        html = flows.report(data_dir=str(demo), day=(end.date() - __import__("datetime").timedelta(days=1)),
+                            days=(end - start).days)
+        done("report written")
     wh = Warehouse(demo / "warehouse")
     diagnoses = wh.read("diagnoses")
     sc = fleet_scores(diagnoses, truth)

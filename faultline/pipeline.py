@@ -14,6 +14,7 @@ import polars as pl
 from faultline.collect_lines import JobMeta, LineCollector
 from faultline.collectors import files as filecol
 from faultline.evidence import Evidence
+from faultline.limits import CLI_READ, ReadLimits
 from faultline.logparse import year_hint
 from faultline.rules.decide import DecideConfig, active_symptoms, candidates, decide
 from faultline.rules.extract import extract_jobs
@@ -58,21 +59,17 @@ def _job_year(paths: list[Path]) -> int:
 
 def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job", cluster: str = "local",
                   attempt: int = 0, state: str = "UNKNOWN", block_bytes: int = filecol.BLOCK_BYTES,
-                  max_line: int = filecol.MAX_LINE, exit_code: int | None = None) -> Evidence:
+                  max_line: int = filecol.MAX_LINE, exit_code: int | None = None,
+                  read_limits: ReadLimits = CLI_READ) -> Evidence:
     """Stream the files of one job through the collect step; keep only symptoms and per-rank stats.
-    Whatever could not be read (a missing path, an unreadable folder, a FIFO) is in the coverage."""
+    Whatever could not be read (a missing path, an unreadable folder, a FIFO, text past a limit of
+    `read_limits`) is in the coverage."""
     files, problems = filecol.expand(paths)
     col = LineCollector(ruleset, JobMeta(cluster, job_id, attempt, state, exit_code), _job_year(files))
     col.reports += problems
     for path in files:
         source, node, rank = filecol.hints(path)
-        rep = col.report(str(path), source, node, rank)
-        seq = 0
-        try:
-            for block in filecol.read_blocks(path, rep, block_bytes, max_line):
-                seq = col.add(block, rep, seq)
-        except filecol.READ_ERRORS as exc:  # unreadable, corrupt archive, ...
-            rep.status, rep.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
+        col.read_file(path, col.report(str(path), source, node, rank), read_limits, block_bytes, max_line)
     return col.evidence()
 
 

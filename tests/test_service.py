@@ -314,7 +314,7 @@ def test_a_full_queue_gets_503_and_the_event_loop_stays_free(ruleset, monkeypatc
     monkeypatch.chdir(tmp_path)
     release = threading.Event()
 
-    def slow(job, rs, tmp_dir):  # stands in for a long diagnosis: holds its worker until released
+    def slow(job, rs, tmp_dir, limits=None):  # stands in for a long diagnosis: holds its worker until released
         release.wait(10)
         return {"outcome": "healthy", "job_id": job.job_id}
 

@@ -19,12 +19,13 @@ from typing import Iterator
 
 import polars as pl
 
+from faultline import limits
 from faultline.logparse import HOST_WORD_LONG, HOST_WORD_SHORT
 
 # What reading a damaged or unreadable file can raise; each is recorded, never fatal.
 READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)
-BLOCK_BYTES = 16 << 20
-MAX_LINE = 64 << 10
+BLOCK_BYTES = limits.BLOCK_BYTES
+MAX_LINE = limits.MAX_LINE_BYTES
 TRUNCATED = " …[faultline: line truncated, {} more bytes]"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # CSI sequences: colours, cursor moves
 
@@ -55,6 +56,7 @@ class FileReport:
     reason: str = ""
     truncated_lines: int = 0
     replaced_chars: int = 0
+    cut_at: int | None = None  # bytes of text read when a byte limit stopped the reading (read_blocks' max_bytes)
 
     def note(self) -> str:
         parts = [self.reason] if self.reason else []
@@ -162,14 +164,16 @@ def hints(path: Path) -> tuple[str, str | None, int | None]:
 class _Decompressed:
     """A compressed file read incrementally: a truncated or damaged archive still gives every byte
     before the damage, and only then raises. Output is produced in bounded steps (`step` bytes), so a
-    small archive of a huge file never lands in memory at once. Concatenated members are read in turn."""
+    small archive of a huge file never lands in memory at once. Concatenated members are read in turn.
+    At most `max_out` bytes come out (a decompression bomb stops there; `cut` says it did)."""
 
-    def __init__(self, path: Path, kind: str, step: int = 1 << 20):
+    def __init__(self, path: Path, kind: str, step: int = 1 << 20, max_out: int | None = None):
         self.raw, self.kind, self.step = path.open("rb"), kind, step
         self.dec = self._new()
         self.buf = bytearray()
         self.done = False
         self.error: Exception | None = None
+        self.max_out, self.out, self.cut = max_out, 0, False
 
     def _new(self):
         return {"gz": lambda: zlib.decompressobj(wbits=47), "bz2": bz2.BZ2Decompressor,
@@ -193,7 +197,12 @@ class _Decompressed:
             if not d.eof:
                 self.error = EOFError("compressed file ended before the end-of-stream marker (truncated archive)")
             return
-        self.buf += d.decompress(data, self.step)
+        new = d.decompress(data, self.step)
+        self.buf += new
+        self.out += len(new)
+        if self.max_out is not None and self.out > self.max_out:  # the cap: never inflate past it
+            del self.buf[len(self.buf) - (self.out - self.max_out):]
+            self.out, self.done, self.cut = self.max_out, True, True
 
     def read(self, n: int) -> bytes:
         while len(self.buf) < n and not self.done:
@@ -223,9 +232,13 @@ class BinaryInput(ValueError):
     """The file holds binary data, not text lines."""
 
 
-def _open(path: Path):
+def is_compressed(path: Path) -> bool:
+    return path.suffix.lower() in _KINDS
+
+
+def _open(path: Path, max_out: int | None = None):
     kind = _KINDS.get(path.suffix.lower())
-    return _Decompressed(path, kind) if kind else path.open("rb")
+    return _Decompressed(path, kind, max_out=max_out) if kind else path.open("rb")
 
 
 def looks_binary(head: bytes) -> str | None:
@@ -317,8 +330,9 @@ def _split_arrow(data: bytes, report: FileReport) -> pl.Series | None:
 
 
 def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
-                max_line: int = MAX_LINE) -> Iterator[pl.DataFrame]:
-    """Yield frames of lines (column `line`) in file order; memory stays near `block_bytes`."""
+                max_line: int = MAX_LINE, max_bytes: int | None = None) -> Iterator[pl.DataFrame]:
+    """Yield frames of lines (column `line`) in file order; memory stays near `block_bytes`. At most
+    `max_bytes` bytes of text (after decompression) are read; past them `report.cut_at` says where."""
     reader = _Reader(report, max_line)
     carry = b""
     head: bytes | None = None  # start of a line that is longer than max_line
@@ -334,10 +348,12 @@ def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
         size = path.stat().st_size if _KINDS.get(path.suffix.lower()) is None else 0
     except OSError:
         size = 0
-    with _open(path) as fh:
+    with _open(path, max_bytes) as fh:
         while True:
-            chunk = fh.read(block_bytes)
+            chunk = fh.read(block_bytes if max_bytes is None else max(0, min(block_bytes, max_bytes - report.bytes)))
             if not chunk:
+                if max_bytes is not None and report.bytes >= max_bytes and (fh.read(1) or getattr(fh, "cut", False)):
+                    report.cut_at = report.bytes  # more text followed: the byte limit stopped the reading
                 break
             if not report.bytes and (why := looks_binary(chunk[:BINARY_PROBE])):
                 raise BinaryInput(why)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
+from faultline import limits
 from faultline.warehouse.schema import TABLES
 
 SACCT_FIELDS = ("JobID", "JobName", "User", "Partition", "State", "ExitCode", "Submit", "Start", "End",
@@ -92,13 +93,30 @@ def _ts(col: str) -> pl.Expr:
             .str.to_datetime("%Y-%m-%dT%H:%M:%S", strict=False, time_unit="us").dt.replace_time_zone("UTC"))
 
 
+def _row_fields(line: str, header: list[str]) -> list[str] | None:
+    """One `sacct -P` row as the header's fields. sacct does not escape a `|` inside a value, and only
+    JobName is free text: a row with extra fields is read from both ends, the rest is the job's name."""
+    parts = line.split("|")
+    n = len(header)
+    if len(parts) == n:
+        return parts
+    if len(parts) > n and "JobName" in header:
+        i = header.index("JobName")
+        tail = len(parts) - (n - i - 1)
+        return parts[:i] + ["|".join(parts[i:tail])] + parts[tail:]
+    return None  # fewer fields than the header: a cut line, nothing in it can be trusted
+
+
 def parse_sacct(text: str, cluster: str) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """`sacct -P` text with a header row -> (jobs, allocations) per the warehouse schema."""
-    rows = [ln.split("|") for ln in text.splitlines() if ln.strip()]
-    if not rows:
+    """`sacct -P` text with a header row -> (jobs, allocations) per the warehouse schema. Header-only
+    text (a quiet window, an unknown job) is no jobs."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
         return pl.DataFrame(schema=TABLES["jobs"]), pl.DataFrame(schema=TABLES["allocations"])
-    header, body = rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
-    raw = pl.DataFrame(body, schema=header, orient="row")
+    header = lines[0].split("|")
+    body = [r for r in (_row_fields(ln, header) for ln in lines[1:]) if r is not None]
+    # Every field is text as sacct printed it (typed below): with no rows, columns would have no type.
+    raw = pl.DataFrame(body, schema={h: pl.String for h in header}, orient="row")
     missing = [f for f in ("JobID", "State", "ExitCode", "End", "NodeList") if f not in raw.columns]
     if missing:
         raise ValueError(f"sacct output lacks fields {missing}; run sacct with --format={','.join(SACCT_FIELDS)}")
@@ -139,7 +157,32 @@ def run_slurm(cmd: list[str], timeout: float) -> str:
     return out.stdout
 
 
-def run_sacct(start: datetime, end: datetime, sacct: str = "sacct", timeout: float = 120) -> str:
+def sacct_timeout(scheduler: dict, default: float) -> float:
+    """Seconds a sacct call may take: the cluster's `scheduler.timeout_s`, else $FAULTLINE_SACCT_TIMEOUT_S,
+    else `default` (limits.SACCT_JOB_TIMEOUT_S / SACCT_WINDOW_TIMEOUT_S)."""
+    for value, where in ((scheduler.get("timeout_s"), "scheduler.timeout_s"),
+                         (os.environ.get(limits.SACCT_TIMEOUT_ENV), limits.SACCT_TIMEOUT_ENV)):
+        if value is None or value == "":
+            continue
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where} must be a number of seconds, not {value!r}") from None
+        if not 0 < seconds < float("inf"):
+            raise ValueError(f"{where} must be positive, not {value!r}")
+        return seconds
+    return default
+
+
+def base_job_id(job_id: str) -> str:
+    """The id sacct is asked about: `4711` for `4711`, `4711_2` (array task), `4711+0` (het component),
+    so that every row of the job comes back and the exact id is chosen among them."""
+    m = re.match(r"^(\d+)(?:[_+].*)?$", job_id)
+    return m.group(1) if m else job_id
+
+
+def run_sacct(start: datetime, end: datetime, sacct: str = "sacct",
+              timeout: float = limits.SACCT_WINDOW_TIMEOUT_S) -> str:
     """Jobs that ended in [start, end) on this cluster, from the real sacct. Text, not `--json`: on 22.05
     the JSON can report exit code 0 for a failed job; the state and the text's ExitCode are right."""
     fmt = "%Y-%m-%dT%H:%M:%S"
@@ -149,9 +192,11 @@ def run_sacct(start: datetime, end: datetime, sacct: str = "sacct", timeout: flo
                       "-E", end.astimezone(timezone.utc).strftime(fmt)], timeout)
 
 
-def run_sacct_job(job_id: str, sacct: str = "sacct", timeout: float = 60) -> str:
-    """One job's allocation rows (all attempts) from the real sacct."""
-    return run_slurm([sacct, "-P", "-X", "-D", f"--format={','.join(SACCT_FIELDS)}", "-j", job_id], timeout)
+def run_sacct_job(job_id: str, sacct: str = "sacct", timeout: float = limits.SACCT_JOB_TIMEOUT_S) -> str:
+    """One job's allocation rows (all attempts; all tasks or components of an array or het job) from
+    the real sacct."""
+    return run_slurm([sacct, "-P", "-X", "-D", f"--format={','.join(SACCT_FIELDS)}", "-j", base_job_id(job_id)],
+                     timeout)
 
 
 # ------------------------------------------------------------------ node state: drains, downs, fails

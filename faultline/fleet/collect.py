@@ -13,6 +13,7 @@ import polars as pl
 from faultline.collectors import loki, prometheus, slurm, slurmrestd
 from faultline.fleet import loki_jobs
 from faultline.fleet.config import ClusterConfig
+from faultline.limits import SACCT_WINDOW_TIMEOUT_S
 from faultline.logparse import who_spoke
 from faultline.taxonomy import FAILED_STATES, SOURCES
 from faultline.warehouse.schema import JOB_KEY, TABLES
@@ -53,7 +54,8 @@ def scheduler_jobs(cluster: ClusterConfig, start: datetime, end: datetime) -> tu
         if kind == "sacct_files":
             text = slurm.read_sacct_files(Path(cluster.scheduler["path"]), cluster.name, days_between(since, end))
         else:
-            text = slurm.run_sacct(since, end, cluster.scheduler.get("command", "sacct"))
+            text = slurm.run_sacct(since, end, cluster.scheduler.get("command", "sacct"),
+                                   slurm.sacct_timeout(cluster.scheduler, SACCT_WINDOW_TIMEOUT_S))
         jobs, allocs = slurm.parse_sacct(text, cluster.name)
     jobs = jobs.filter((pl.col("end_time") >= start) & (pl.col("end_time") < end))
     allocs = allocs.join(jobs.select(JOB_KEY), on=JOB_KEY, how="semi")

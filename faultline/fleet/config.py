@@ -29,7 +29,7 @@ clusters:
       step_s: 30                                   # query_range resolution
       max_points: 11000                            # per series and request (Prometheus's own limit)
   - name: bravo
-    scheduler: {kind: sacct}
+    scheduler: {kind: sacct, timeout_s: 20}       # sacct's time limit (default $FAULTLINE_SACCT_TIMEOUT_S, else 20 s / 120 s)
     logs:                                          # a live Loki, asked job by job (docs/fleet.md "Live Loki")
       kind: loki
       url: https://loki.example.internal:3100      # required, http(s)
@@ -69,6 +69,7 @@ from faultline.collectors.kubernetes import KubeSettings, PodLogSettings
 from faultline.collectors.kueue import KueueSettings
 from faultline.collectors.loki import LokiSettings
 from faultline.collectors.prometheus import PrometheusSettings
+from faultline.collectors.slurm import sacct_timeout
 from faultline.collectors.slurmrestd import SlurmRestSettings
 
 SCHEDULER_KINDS = ("sacct_files", "sacct", "slurmrestd", "kueue")
@@ -131,6 +132,11 @@ def _check(kind_of: str, section, kinds: tuple[str, ...], where: str, required: 
             settings.from_config(section)
         except ValueError as exc:
             return [f"{where}: {kind_of} (kind {section['kind']}): {exc}"]
+    elif section["kind"] == "sacct":
+        try:
+            sacct_timeout(section, 1.0)
+        except ValueError as exc:
+            return [f"{where}: {kind_of} (kind sacct): {exc}"]
     elif section["kind"].endswith("_files") and not section.get("path"):
         return [f"{where}: {kind_of}.path is required for kind {section['kind']}"]
     return []

@@ -14,6 +14,7 @@ from faultline.fleet.collect import (collect_kubernetes, coverage_rows, fetch_lo
 from faultline.fleet.config import ClusterConfig, FleetConfig
 from faultline.fleet.diagnose import diagnose_tables
 from faultline.fleet.watermark import SOURCE, unique_batch
+from faultline.limits import SACCT_JOB_TIMEOUT_S
 from faultline.rules.model import Ruleset
 from faultline.taxonomy import FAILED_STATES
 from faultline.warehouse.schema import JOB_KEY
@@ -22,6 +23,10 @@ from faultline.warehouse.store import Warehouse
 
 class JobNotFound(LookupError):
     pass
+
+
+class JobNotFinished(LookupError):
+    """The scheduler knows the job but it has not ended (RUNNING, PENDING, no end time): nothing to diagnose yet."""
 
 
 class SourceError(RuntimeError):
@@ -42,12 +47,18 @@ def find_job(cluster: ClusterConfig, job_id: str) -> tuple[pl.DataFrame, pl.Data
         text = None
         jobs, allocs = slurmrestd.fetch_job(cluster.scheduler, cluster.name, job_id)
     else:
-        text = slurm.run_sacct_job(job_id, cluster.scheduler.get("command", "sacct"))
+        text = slurm.run_sacct_job(job_id, cluster.scheduler.get("command", "sacct"),
+                                   slurm.sacct_timeout(cluster.scheduler, SACCT_JOB_TIMEOUT_S))
     if text is not None:
         jobs, allocs = slurm.parse_sacct(text, cluster.name)
-    jobs = jobs.filter(pl.col("job_id") == job_id)
-    if jobs.height == 0:
-        raise JobNotFound(f"job {job_id} not found on cluster {cluster.name}")
+    exact = jobs.filter(pl.col("job_id") == job_id)
+    if exact.height == 0:
+        # An array or heterogeneous job is several jobs to Slurm (4711_1, 4711_2; 4711+0, 4711+1): name them.
+        parts = sorted(set(jobs.filter(pl.col("job_id").str.starts_with(job_id + "_")
+                                       | pl.col("job_id").str.starts_with(job_id + "+"))["job_id"].to_list()))
+        hint = f"; it is an array or heterogeneous job: ask for one of {', '.join(parts[:20])}" if parts else ""
+        raise JobNotFound(f"job {job_id} not found on cluster {cluster.name}{hint}")
+    jobs = exact
     return jobs, allocs.join(jobs.select(JOB_KEY), on=JOB_KEY, how="semi")
 
 
@@ -63,6 +74,10 @@ def diagnose_one(cfg: FleetConfig, cluster_name: str, job_id: str, ruleset: Rule
         raise SourceError(f"scheduler of cluster {cluster_name} ({cluster.scheduler['kind']}): "
                           f"{type(exc).__name__}: {exc}"[:500]) from exc
     jobs = jobs.filter(pl.col("attempt") == pl.col("attempt").max())  # the latest attempt
+    latest = jobs.row(0, named=True)
+    if latest["state"] in ("RUNNING", "PENDING") or latest["end_time"] is None:
+        raise JobNotFinished(f"job {job_id} on cluster {cluster_name} has not ended (state {latest['raw_state']}"
+                             f"{'' if latest['end_time'] else ', no end time'}): diagnose it once it has")
     errors: dict[str, str] = {}
     try:
         raw, notes = fetch_logs(cluster, jobs, cfg.margin_minutes)

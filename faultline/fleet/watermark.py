@@ -55,10 +55,14 @@ def stamp(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S")
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
 def unique_batch(*parts: str) -> str:
     """A batch name never used before: a batch is written once, so no write replaces another's rows. Parts
-    are made file-name safe (a Kubernetes job id `ns/name`, a heterogeneous Slurm job `12+1`)."""
-    return "-".join([*(re.sub(r"[^A-Za-z0-9._-]", "_", p) for p in parts), uuid.uuid4().hex[:8]])
+    are made file-name safe (a Kubernetes job id `ns/name`, a heterogeneous or array Slurm job `4711+0`,
+    `4711_[1-3]`)."""
+    return "-".join([*(_UNSAFE.sub("_", p) for p in parts), uuid.uuid4().hex[:8]])
 
 
 def day_pieces(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from faultline.limits import MAX_WORLD
 from faultline.rules.extract import KEY
 
 
@@ -23,7 +24,7 @@ class DecideConfig:
     skew_s: float = 10.0  # clock-skew tolerance across nodes
     band: int = 10  # priorities this close cannot break a tie between causes
     hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait")
-    max_world: int = 1 << 17  # ranks a job can have; larger printed world sizes are not believed
+    max_world: int = MAX_WORLD  # ranks a job can have; larger printed world sizes are not believed
 
 
 def _cap(name: str) -> pl.Expr:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from faultline.limits import MAX_WORLD
 from faultline.rules.extract import KEY
 from faultline.rules.model import Ruleset
 from faultline.taxonomy import ROLE_TIER
@@ -193,7 +194,10 @@ def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | No
     out = supersede(place_summary_entries(symptoms), ruleset)
     out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress))
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
-    named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(pl.element().cast(pl.Int32))
+    # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
+    named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(
+        pl.element().cast(pl.Int64, strict=False)).list.eval(
+        pl.when(pl.element() < MAX_WORLD).then(pl.element()).otherwise(None).cast(pl.Int32)).list.drop_nulls()
     out = out.with_columns(_named=pl.when(pl.col("implicates") == "peer").then(named)).explode("_named")
     return out.with_columns(
         target_rank=pl.when(pl.col("implicates") == "self").then(pl.col("rank"))

@@ -128,7 +128,7 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
         return app_state.json_gate
 
     @app.post("/v1/diagnose", openapi_extra={"requestBody": _DIAGNOSE_BODY}, response_model=DiagnosisOut,
-              responses=error_responses(400, 403, 404, 408, 413, 415, 500, 501, 502, 503),
+              responses=error_responses(400, 403, 404, 408, 409, 413, 415, 500, 501, 502, 503),
               summary="Diagnose one job: its logs inline, or by reference to a configured cluster")
     async def diagnose(request: Request):
         async with json_gate(request).hold() as gate:
@@ -146,7 +146,7 @@ def create_app(settings: Settings, ruleset: Ruleset | None = None) -> FastAPI:
                                "send the job's logs in `files` instead")
             fn, args = diagnose_by_reference, (fleet, job, ruleset)
         else:
-            fn, args = diagnose_inline, (job, ruleset, settings.tmp_dir)
+            fn, args = diagnose_inline, (job, ruleset, settings.tmp_dir, settings.read_limits)
         d, queued, ran = await pool(request).run(fn, *args)
         return JSONBody(d, headers={"Server-Timing": f"queue;dur={queued * 1000:.1f}, diagnose;dur={ran * 1000:.1f}"})
 

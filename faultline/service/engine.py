@@ -19,6 +19,7 @@ import polars as pl
 
 from faultline.collectors import files as filecol
 from faultline.collect_lines import JobMeta, LineCollector  # noqa: F401 - the service's names for them
+from faultline.limits import CLI_READ, ReadLimits
 from faultline.logparse import year_hint
 from faultline.pipeline import Evidence, run_phases
 from faultline.rules.decide import DecideConfig
@@ -48,18 +49,14 @@ def attribute(ev: Evidence, ruleset: Ruleset, max_drain: int = 2, diagnosed_at: 
     return run_phases(ev, ruleset, DecideConfig(), ReportConfig(max_drain=max_drain), diagnosed_at)[0]
 
 
-def collect_uploaded_files(root: Path, paths: list[Path], ruleset: Ruleset, job: JobMeta) -> Evidence:
-    """Files written under `root` (an upload) -> Evidence, each file named relative to `root` (as uploaded)."""
+def collect_uploaded_files(root: Path, paths: list[Path], ruleset: Ruleset, job: JobMeta,
+                           limits: ReadLimits = CLI_READ) -> Evidence:
+    """Files written under `root` (an upload) -> Evidence, each file named relative to `root` (as uploaded).
+    `limits`: the request's (Settings.read_limits): text past them is cut, and the coverage says where."""
     paths = sorted(paths, key=lambda p: file_order(str(p.relative_to(root))))
     year = year_of([filecol.sample_text(p, YEAR_SAMPLE_BYTES) for p in paths])
     col = LineCollector(ruleset, job, year)
     for path in paths:
         source, node, rank = filecol.hints(path)
-        rep = col.report(str(path.relative_to(root)), source, node, rank)
-        seq = 0
-        try:
-            for block in filecol.read_blocks(path, rep):
-                seq = col.add(block, rep, seq)
-        except filecol.READ_ERRORS as exc:  # unreadable, corrupt archive, ...
-            rep.status, rep.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
+        col.read_file(path, col.report(str(path.relative_to(root)), source, node, rank), limits)
     return col.evidence()

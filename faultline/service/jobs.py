@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from faultline.fleet.config import FleetConfig
-from faultline.fleet.single import JobNotFound, SourceError, diagnose_one
+from faultline.limits import CLI_READ, ReadLimits
+from faultline.fleet.single import JobNotFinished, JobNotFound, SourceError, diagnose_one
 from faultline.rules.model import Ruleset
 from faultline.service.engine import JobMeta, attribute, collect_uploaded_files
 from faultline.service.errors import ApiError
@@ -28,7 +29,8 @@ from faultline.warehouse.store import WarehouseError
 UPLOAD_FOLDER = "job"
 
 
-def diagnose_inline(job: InlineJob, ruleset: Ruleset, tmp_dir: Path | None = None) -> dict:
+def diagnose_inline(job: InlineJob, ruleset: Ruleset, tmp_dir: Path | None = None,
+                    limits: ReadLimits = CLI_READ) -> dict:
     base = Path(tempfile.mkdtemp(prefix="faultline-serve-", dir=tmp_dir))
     try:
         root = base / UPLOAD_FOLDER
@@ -38,7 +40,7 @@ def diagnose_inline(job: InlineJob, ruleset: Ruleset, tmp_dir: Path | None = Non
         except BadUpload as exc:
             raise ApiError(400, "invalid_file", str(exc)) from None
         meta = JobMeta(cluster=job.cluster, job_id=job.job_id, state=job.state, exit_code=job.exit_code)
-        return attribute(collect_uploaded_files(root, paths, ruleset, meta), ruleset)
+        return attribute(collect_uploaded_files(root, paths, ruleset, meta, limits), ruleset)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -88,6 +90,8 @@ def diagnose_by_reference(cfg: FleetConfig, job: RefJob, ruleset: Ruleset) -> di
         return full_shape(diagnose_one(cfg, job.cluster, job.job_id, ruleset), ruleset)
     except JobNotFound as exc:
         raise ApiError(404, "job_not_found", str(exc)) from None
+    except JobNotFinished as exc:
+        raise ApiError(409, "job_not_finished", str(exc)) from None
     except SourceError as exc:
         raise ApiError(502, "source_failed", str(exc)) from None
     except WarehouseError as exc:

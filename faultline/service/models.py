@@ -147,7 +147,7 @@ def errors(*statuses: int) -> dict:
     """`responses=` for a route: each status with the error model and what it means."""
     meaning = {400: "invalid request (bad JSON, fields, file names, Host header)", 401: "no or unknown token",
                403: "the token lacks the scope, or a browser's cross-site request", 404: "not found",
-               408: "the request body did not arrive in time", 409: "conflict",
+               408: "the request body did not arrive in time", 409: "conflict (by reference: the job has not ended yet)",
                413: "body over the limit", 415: "unsupported media type", 429: "over a rate or session limit",
                500: "server error", 501: "not configured", 502: "a source failed",
                503: "busy: retry after Retry-After"}

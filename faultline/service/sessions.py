@@ -35,6 +35,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from faultline.collectors import files as filecol
+from faultline import limits as L
 from faultline.collectors.loki import stream_identity
 from faultline.logparse import TS_DTYPE
 from faultline.rules.model import Ruleset
@@ -330,8 +331,8 @@ def digest(body: dict) -> str:
 class Limits:
     ttl_s: float = 24 * 3600
     max_sessions: int = 1000
-    max_lines: int = 2_000_000
-    max_bytes: int = 256 << 20
+    max_lines: int = L.SESSION_LINES
+    max_bytes: int = L.SESSION_MB * L.MIB
     max_batches: int = 10_000
 
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import yaml
 
+from faultline import limits as L
 from faultline.fleet.config import ConfigError, FleetConfig, load_config
 from faultline.rules.loader import load_ruleset
 from faultline.rules.model import Ruleset
 
 DEFAULT_CONFIG = Path("data") / "faultline.yaml"
-MIB = 1 << 20
+MIB = L.MIB
 # Host header values accepted by default: the loopback names (a DNS-rebinding page's Host is its own name).
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -23,26 +24,28 @@ class Settings:
     config: Path | None = None        # faultline.yaml (or its data dir); None: DEFAULT_CONFIG when present
     rules: tuple[str, ...] = ()       # extra rule pack folders (default: the fleet config's `rules:`)
     builtin: bool = True              # load the built-in packs too
-    max_body_mb: float = 512          # largest request body (413 past it)
-    workers_max: int = 2              # diagnoses running at once
-    queue_timeout_s: float = 30.0     # longest wait for a free worker (503 past it)
+    max_body_mb: float = L.MAX_BODY_MB  # largest request body (413 past it)
+    workers_max: int = L.WORKERS_MAX  # diagnoses running at once
+    queue_timeout_s: float = L.QUEUE_TIMEOUT_S  # longest wait for a free worker (503 past it)
     tmp_dir: Path | None = None       # where uploads are written while diagnosed
-    max_files: int = 20_000           # files of one upload
-    max_json_mb: float = 64           # largest JSON body (it is decoded in memory; 413 past it)
+    max_files: int = L.MAX_FILES      # files of one upload
+    max_json_mb: float = L.MAX_JSON_MB  # largest JSON body (it is decoded in memory; 413 past it)
     body_slots: int | None = None     # JSON bodies over 1 MiB read at once (default workers_max + 2); 503 past it
+    max_decompressed_mb: float = L.SERVICE_DECOMPRESSED_MB  # text one request's files may yield, decompressed
+    max_lines: int = L.SERVICE_MAX_LINES  # lines one request's files may yield (past either: cut, in the coverage)
     allowed_hosts: tuple[str, ...] = ()    # Host header names accepted besides loopback ("*": any)
     allowed_origins: tuple[str, ...] = ()  # browser origins (scheme://host[:port]) allowed to POST
-    header_timeout_s: float = 10.0    # a connection must send a complete request head within this
-    read_timeout_s: float = 15.0      # longest pause between two pieces of a request body (408 past it)
-    body_timeout_s: float = 300.0     # longest time to receive a whole request body (408 past it)
-    keep_alive_s: int = 5             # an idle kept-alive connection is closed after this
-    max_connections: int = 256        # open connections and requests at once (503 past it)
+    header_timeout_s: float = L.HEADER_TIMEOUT_S  # a connection must send a complete request head within this
+    read_timeout_s: float = L.READ_TIMEOUT_S  # longest pause between two pieces of a request body (408 past it)
+    body_timeout_s: float = L.BODY_TIMEOUT_S  # longest time to receive a whole request body (408 past it)
+    keep_alive_s: int = L.KEEP_ALIVE_S  # an idle kept-alive connection is closed after this
+    max_connections: int = L.MAX_CONNECTIONS  # open connections and requests at once (503 past it)
     tokens_file: Path | None = None   # bearer tokens (hashes, scopes, limits); None: $FAULTLINE_TOKENS, else open
     sessions_db: Path | None = None   # the sessions' DuckDB file (default <data dir>/service/sessions.duckdb)
     session_ttl_s: float = 24 * 3600  # a session expires this long after its last change
     max_sessions: int = 1000          # sessions kept at once (429 past it)
-    max_session_lines: int = 2_000_000
-    max_session_mb: float = 256       # log text one session may hold
+    max_session_lines: int = L.SESSION_LINES
+    max_session_mb: float = L.SESSION_MB  # log text one session may hold
     max_session_batches: int = 10_000
     drains_per_cluster_hour: int = 4  # action guard: node actions approved per cluster in any hour
     drains_per_job: int = 2           # action guard: nodes of one job
@@ -66,6 +69,14 @@ class Settings:
                 raise ValueError(f"--{name[:-2].replace('_', '-')} must be positive")
         if self.max_connections < 1:
             raise ValueError("--max-connections must be at least 1")
+        if self.max_decompressed_mb <= 0 or self.max_lines < 1:
+            raise ValueError("--max-decompressed-mb and --max-lines must be positive")
+
+    @property
+    def read_limits(self) -> L.ReadLimits:
+        """What one request's files may yield; past it the text is cut and the coverage says where."""
+        text = int(self.max_decompressed_mb * MIB)
+        return L.ReadLimits(file_bytes=min(text, L.CLI_READ.file_bytes), job_bytes=text, job_lines=self.max_lines)
 
     @property
     def max_json_bytes(self) -> int:
@@ -73,7 +84,7 @@ class Settings:
 
     @property
     def json_slots(self) -> int:
-        return self.body_slots if self.body_slots is not None else self.workers_max + 2
+        return self.body_slots if self.body_slots is not None else self.workers_max + L.BODY_SLOTS_EXTRA
 
     def host_allowed(self, host: str) -> bool:
         """A Host header value (with or without port) is one the service answers to."""
@@ -103,7 +114,8 @@ class Settings:
                    max_json_mb=args.max_json_mb, allowed_hosts=hosts, allowed_origins=tuple(args.allowed_origin or ()),
                    header_timeout_s=args.header_timeout, read_timeout_s=args.read_timeout,
                    body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive,
-                   max_connections=args.max_connections)
+                   max_connections=args.max_connections, max_decompressed_mb=args.max_decompressed_mb,
+                   max_lines=args.max_lines)
 
 
 def host_name(host: str) -> str:

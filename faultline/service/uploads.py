@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-MAX_NAME_PART = 255
-MAX_NAME = 1024
+from faultline.limits import MAX_NAME, MAX_NAME_PART
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DRIVE = re.compile(r"^[A-Za-z]:")
 COPY_BLOCK = 1 << 20
