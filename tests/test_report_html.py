@@ -15,7 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from faultline import report_html, trends
+from faultline.report import artifact, charts, html as report_html, trends
+from faultline.report.colors import PALETTE
 
 from .test_trends import diag_row, ev, frame, synthetic_fleet
 
@@ -145,7 +146,7 @@ def test_deterministic_and_empty(fleet, page):
     empty = report_html.render_report(frame([]), generated_at=GEN)
     check(empty)
     assert "no verdicts" in empty
-    assert report_html.render_markdown(frame([])).startswith("# ")
+    assert artifact.render_markdown(frame([])).startswith("# ")
 
 
 def test_given_trends_are_used(fleet):
@@ -156,7 +157,7 @@ def test_given_trends_are_used(fleet):
 
 
 def test_markdown(fleet, tmp_path):
-    md = report_html.render_markdown(fleet, report_path="/reports/2024-04-04 | nightly.html", generated_at=GEN)
+    md = artifact.render_markdown(fleet, report_path="/reports/2024-04-04 | nightly.html", generated_at=GEN)
     head = trends.headline(fleet)
     assert md.startswith("# ")
     assert f"**{head['jobs']}** jobs diagnosed" in md
@@ -165,7 +166,7 @@ def test_markdown(fleet, tmp_path):
     assert "nccl\\_timeout\\_hang" in md
     assert "/reports/2024-04-04 \\| nightly.html" in md
     evil = frame([diag_row(cluster="c|<x>", culprit_nodes=["n|1"], job_id=str(i)) for i in range(3)])
-    md = report_html.render_markdown(evil)
+    md = artifact.render_markdown(evil)
     assert "<x>" not in md and "n\\|1" in md
 
 
@@ -176,14 +177,14 @@ def test_write_report(tmp_path, page):
 
 
 def test_svg_helpers():
-    assert report_html.nice_ticks(0) == [0.0, 1.0]
-    assert report_html.nice_ticks(74)[-1] >= 74
-    assert report_html.nice_ticks(9) == [0, 2.5, 5.0, 7.5, 10.0]
-    svg = report_html.stacked_bar_chart(["a", "b"], [("x<y", [1, 2], "#000"), ("z", [0, 3], "#111")], label="t")
+    assert charts.nice_ticks(0) == [0.0, 1.0]
+    assert charts.nice_ticks(74)[-1] >= 74
+    assert charts.nice_ticks(9) == [0, 2.5, 5.0, 7.5, 10.0]
+    svg = charts.stacked_bar_chart(["a", "b"], [("x<y", [1, 2], "#000"), ("z", [0, 3], "#111")], label="t")
     check(svg)
     assert "x&lt;y" in svg and svg.count("<rect") == 3
-    check(report_html.hbar_chart(["n1"], [("s", [2.0], "#000")], label="t"))
-    check(report_html.line_chart(["d1", "d2"], [("c", [1.0, 2.0], "#000")], label="t"))
+    check(charts.hbar_chart(["n1"], [("s", [2.0], "#000")], label="t"))
+    check(charts.line_chart(["d1", "d2"], [("c", [1.0, 2.0], "#000")], label="t"))
 
 
 # --------------------------------------------------------------------------- rendering in Chromium
@@ -277,6 +278,6 @@ def test_renders_in_headless_chromium(page, tmp_path):
     assert inked / samples > 0.03, f"only {inked / samples:.1%} of the page is drawn on"
     # the dark header band is at the top, and the charts use the palette somewhere
     assert rows[10][600 * bpp:600 * bpp + 3] == bytes.fromhex("1d2330")
-    assert any(bytes.fromhex(c[1:]) in colors for c in report_html.PALETTE)
+    assert any(bytes.fromhex(c[1:]) in colors for c in PALETTE)
     if out := os.environ.get("FAULTLINE_SCREENSHOT_OUT"):  # refresh docs/report-screenshot.png
         shutil.copyfile(png, out)

@@ -97,7 +97,7 @@ def backfill(since: datetime, data_dir: str | None = None, until: datetime | Non
 def report(data_dir: str | None = None, day: date | None = None, days: int = 7, lemon_k: int = 3) -> str:
     """Trend tables and the HTML report over the `days` up to `day` (default: yesterday and before)."""
     data_dir = data_dir_of(data_dir)
-    from faultline.fleet.reporting import build_report
+    from faultline.report.build import build_report
 
     end_day = day or (datetime.now(timezone.utc).date() - timedelta(days=1))
     cfg = load_config(Path(data_dir))
