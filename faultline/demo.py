@@ -113,8 +113,10 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
     diagnosed = flows.diagnose(data_dir=str(demo))
     done(f"{sum(d['diagnosed'] for d in diagnosed)} diagnoses")
     print("  4/4 report   (trend tables + HTML) ...", flush=True)
-    html = flows.report(data_dir=str(demo), day=(end.date() - __import__("datetime").timedelta(days=1)),
-                        days=(end - start).days)
+    # the report of the night after the last simulated day (its "last 24 h"); the few jobs still running then
+    # end in later nights' reports
+    last_day = start.date() + __import__("datetime").timedelta(days=days - 1)
+    html = flows.report(data_dir=str(demo), day=last_day, days=days)
     done("report written")
     wh = Warehouse(demo / "warehouse")
     diagnoses = wh.read("diagnoses")

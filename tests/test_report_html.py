@@ -8,7 +8,7 @@ import signal
 import struct
 import subprocess
 import zlib
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -76,9 +76,19 @@ def fleet() -> pl.DataFrame:
     return synthetic_fleet()
 
 
+def jobs_of(d: pl.DataFrame) -> pl.DataFrame:
+    """A jobs table (the rates' denominator) for a diagnoses frame: every verdict's job plus as many
+    healthy ones, on the verdict's culprit and affected nodes."""
+    jobs = d.select("cluster", "job_id", "attempt", "end_time",
+                    state=pl.when(pl.col("outcome") == "healthy").then(pl.lit("COMPLETED")).otherwise(pl.lit("FAILED")),
+                    nodes=pl.concat_list("culprit_nodes", "affected_nodes").list.unique().list.sort())
+    ok = jobs.with_columns(job_id=pl.col("job_id") + "-ok", state=pl.lit("COMPLETED"))
+    return pl.concat([jobs, ok])
+
+
 @pytest.fixture(scope="module")
 def page(fleet) -> str:
-    return report_html.render_report(fleet, title="Fleet report <test>", generated_at=GEN)
+    return report_html.render_report(fleet, title="Fleet report <test>", generated_at=GEN, jobs=jobs_of(fleet))
 
 
 def test_well_formed_and_self_contained(page):
@@ -123,11 +133,12 @@ def test_urls_in_logs_stay_text():
 def test_sections_and_numbers(fleet, page):
     c = check(page)
     text = " ".join(c.text)
-    for sid in ("causes", "timeline", "culprits", "queues", "ambiguous", "coverage"):
+    for sid in ("compare", "causes", "timeline", "culprits", "queues", "ambiguous", "coverage"):
         assert f'id="{sid}"' in page
     for heading in ("Jobs diagnosed", "Failures", "GPU-hours lost", "Ambiguous", "Lemon nodes",
                     "Outcomes over time", "Top culprit nodes and lemons", "GPU-hours lost by cause",
-                    "Ambiguous verdicts awaiting review", "Telemetry coverage"):
+                    "Ambiguous verdicts awaiting review", "Telemetry coverage",
+                    "Last 24 hours against the previous 7 days", "By outcome", "Blamed nodes"):
         assert heading in text, heading
     head = trends.headline(fleet)
     assert f'>{head["jobs"]:,}<' in page
@@ -139,10 +150,19 @@ def test_sections_and_numbers(fleet, page):
     for src in ("applog", "syslog", "scheduler", "k8s_event"):
         assert src in text
     assert "legend" in page and "<title>" in page  # legends and hover titles
+    # the comparison's rates carry their denominators: the last 24 h hold twice the verdicts of that day
+    last = fleet.filter(pl.col("end_time") > fleet["end_time"].max() - timedelta(hours=24))
+    assert f"/ {2 * last.height:,})" in text
+    assert "conditional binomial test" in text
+
+
+def test_comparison_needs_its_denominator(fleet):
+    page = report_html.render_report(fleet, generated_at=GEN)
+    assert "the rates need their denominator" in page
 
 
 def test_deterministic_and_empty(fleet, page):
-    assert report_html.render_report(fleet, title="Fleet report <test>", generated_at=GEN) == page
+    assert report_html.render_report(fleet, title="Fleet report <test>", generated_at=GEN, jobs=jobs_of(fleet)) == page
     empty = report_html.render_report(frame([]), generated_at=GEN)
     check(empty)
     assert "no verdicts" in empty
@@ -168,6 +188,10 @@ def test_markdown(fleet, tmp_path):
     evil = frame([diag_row(cluster="c|<x>", culprit_nodes=["n|1"], job_id=str(i)) for i in range(3)])
     md = artifact.render_markdown(evil)
     assert "<x>" not in md and "n\\|1" in md
+    from faultline.report import compare
+
+    md = artifact.render_markdown(fleet, comparison=compare.of(jobs_of(fleet), fleet))
+    assert "## Last 24 h against the previous 7 days" in md and "| outcome |" in md
 
 
 def test_write_report(tmp_path, page):

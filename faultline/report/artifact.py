@@ -9,7 +9,7 @@ from datetime import datetime
 
 import polars as pl
 
-from faultline.report import actions as act_mod, trends
+from faultline.report import actions as act_mod, compare as cmp, trends
 from faultline.report.fmt import clip as _clip, hours as _hours, ts as _ts
 
 _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]|#<>"})
@@ -26,7 +26,7 @@ def render_markdown(diagnoses: pl.DataFrame, *, lemons: pl.DataFrame | None = No
                     report_path: str | os.PathLike | None = None, title: str = "faultline fleet report",
                     generated_at: datetime | str | None = None, lemon_window_days: float = 7,
                     lemon_k: int = 3, top: int = 5, actions: pl.DataFrame | None = None,
-                    rate: dict | None = None) -> str:
+                    rate: dict | None = None, comparison: cmp.Comparison | None = None) -> str:
     """A short markdown summary (Prefect artifact): headline, the drain/reset list, top outcomes, lemons,
     ambiguous count, and where the HTML report is."""
     d = trends.current(diagnoses)
@@ -42,6 +42,8 @@ def render_markdown(diagnoses: pl.DataFrame, *, lemons: pl.DataFrame | None = No
         out += [f"{rate['failed']:,} of {rate['jobs']:,} job attempts failed ({rate['rate']:.1%}); "
                 f"{_hours(rate['gpu_hours_failed'])} of {_hours(rate['gpu_hours'])} GPU-hours "
                 f"({rate['gpu_hours_share']:.0%}).", ""]
+    if comparison is not None:
+        out += _compare_md(comparison)
     act = actions if actions is not None else act_mod.actions(d)
     out += ["## Drain / reset list", ""]
     if act.height:
@@ -77,3 +79,24 @@ def render_markdown(diagnoses: pl.DataFrame, *, lemons: pl.DataFrame | None = No
     return "\n".join(out).rstrip() + "\n"
 
 
+
+
+def _compare_md(vs: cmp.Comparison) -> list[str]:
+    """Outcomes and clusters, and flagged or recently blamed nodes, last 24 h against the 7 days before."""
+    def r(k, n):
+        return f"{k / n:.1%} ({k}/{n})" if n else "no jobs"
+
+    rows = vs.rows.filter((pl.col("kind") != "node") | (pl.col("recent") > 0) | (pl.col("flag") != ""))
+    out = ["## Last 24 h against the previous 7 days", "",
+           f"{vs.recent_jobs:,} job attempts ended in the 24 h up to {_md(_ts(vs.now))}; baseline "
+           f"{vs.baseline_days:g} of 7 days. Flag: {_md(cmp.RULE)}.", ""]
+    if rows.height == 0:
+        return out + ["no jobs in the last 8 days", ""]
+    out += ["| kind | what | last 24 h | previous 7 days | change | flag |", "|---|---|---:|---:|---:|---|"]
+    for x in rows.head(30).iter_rows(named=True):
+        what = x["key"] if x["kind"] != "node" else f"{x['key']} ({x['cluster']})"
+        ch = "—" if not (x["recent_jobs"] and x["base_jobs"]) else ("new" if x["change"] is None else f"×{x['change']:.2g}")
+        flag = {"up": f"▲ up (p={x['p_up']:.1g})", "down": f"▼ down (p={x['p_down']:.1g})"}.get(x["flag"], "")
+        out.append(f"| {x['kind']} | {_md(what)} | {r(x['recent'], x['recent_jobs'])} | "
+                   f"{r(x['base'], x['base_jobs'])} | {ch} | {flag} |")
+    return out + [""]

@@ -4,13 +4,13 @@ return the markdown artifact and the action table (the flow publishes both to Pr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from pathlib import Path
 
 import polars as pl
 
 from faultline.fleet.config import FleetConfig
-from faultline.report import actions as act_mod, artifact, data, html, trends
+from faultline.report import actions as act_mod, artifact, compare, data, html, trends
 from faultline.warehouse.store import Warehouse
 
 
@@ -34,6 +34,9 @@ def build_report(cfg: FleetConfig, start: date, end: date, ruleset: str | None =
     lemons = trends.lemons(diagnoses, days, lemon_k)
     actions = act_mod.actions(diagnoses, src.node_events)
     rate = act_mod.failure_rate(src.jobs, diagnoses)
+    # the last 24 h = the report's last day (it runs the night after), against the 7 days before
+    now = datetime.combine(end + timedelta(days=1), time(), tzinfo=timezone.utc)
+    vs = compare.of(src.history_jobs, src.history_diagnoses, now)
     batch = f"report-{start.isoformat()}-{end.isoformat()}"
     if node_day.height:
         wh.write("trends_node_day", node_day, batch)
@@ -42,8 +45,9 @@ def build_report(cfg: FleetConfig, start: date, end: date, ruleset: str | None =
     generated = datetime.now(timezone.utc)
     page = html.render_report(diagnoses, outcome_day=outcome_day, lemons=lemons,
                               generated_at=generated, lemon_window_days=days, lemon_k=lemon_k,
-                              actions=actions, rate=rate)
+                              actions=actions, rate=rate, comparison=vs)
     path = html.write_report(cfg.reports_dir / f"faultline-report-{end.isoformat()}.html", page)
     markdown = artifact.render_markdown(diagnoses, lemons=lemons, report_path=path, generated_at=generated,
-                                        lemon_window_days=days, lemon_k=lemon_k, actions=actions, rate=rate)
+                                        lemon_window_days=days, lemon_k=lemon_k, actions=actions, rate=rate,
+                                        comparison=vs)
     return ReportOut(start, end, path, markdown, diagnoses.height, actions)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from faultline.report import actions as act_mod, trends
+from faultline.report import actions as act_mod, compare as cmp, trends
 from faultline.report.charts import hbar_chart, legend, line_chart, stacked_bar_chart
 from faultline.report.colors import LIGHT, OTHER, OUTCOME_COLORS, PALETTE, STATUS_COLORS
 from faultline.report.fmt import clip as _clip, e as _e, hours as _hours, num as _num, ts as _ts
@@ -73,6 +73,8 @@ white-space:nowrap}
 .more{color:var(--muted);font-size:12px;margin-top:6px}
 td.nw{white-space:nowrap}td.when{font-size:12px;color:var(--muted)}
 .evrow{margin:0 0 6px}.jobs{font-size:12px;color:var(--muted)}
+.flag{font-weight:650;white-space:nowrap}.flag.up{color:#b2182b}.flag.down{color:#117733}
+tr.flagged td{background:#fff6f4}
 footer{color:var(--muted);font-size:12px;text-align:center;padding:10px 0 24px}
 """
 
@@ -137,6 +139,68 @@ def _actions_section(act: pl.DataFrame, rate: dict | None, colors: dict[str, str
     return _section("Drain / reset list", note, table, "actions")
 
 
+def _rate(k: int, n: int) -> str:
+    return f'{_pct(k / n)} <span class="more">({k:,} / {n:,})</span>' if n else '<span class="more">no jobs</span>'
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}" if x >= 0.001 or x == 0 else f"{x:.2%}"
+
+
+def _flag(r: dict) -> str:
+    if r["flag"] == "up":
+        return f'<span class="flag up">▲ up</span> <span class="more">p={r["p_up"]:.1g}</span>'
+    if r["flag"] == "down":
+        return f'<span class="flag down">▼ down</span> <span class="more">p={r["p_down"]:.1g}</span>'
+    return ""
+
+
+def _change(x: float | None) -> str:
+    return "new" if x is None else f"×{x:.2g}" if x < 10 else f"×{x:.0f}"
+
+
+def _compare_section(vs: cmp.Comparison | None, colors: dict[str, str], max_nodes: int = 12) -> str:
+    """The last 24 h against the 7 days before: per outcome, cluster and blamed node."""
+    title = "Last 24 hours against the previous 7 days"
+    if vs is None:
+        return _section(title, "", '<p class="empty">no jobs table: the rates need their denominator</p>', "compare")
+    base = (f"{vs.baseline_days:g} of 7 days hold jobs" if vs.baseline_days < 7 else "7 days")
+    note = (f"Last 24 h: jobs ending {_e(_ts(vs.now - cmp.RECENT))} – {_e(_ts(vs.now))} "
+            f"({vs.recent_jobs:,} job attempts); baseline: the 7 days before ({_e(base)}). Rate = failures / job "
+            "attempts at risk (for a node: the jobs that ran on it, counting confident hardware, network and "
+            f"infrastructure blames). A change is {_e(cmp.RULE)}.")
+    rows = vs.rows
+    if rows.height == 0:
+        return _section(title, note, '<p class="empty">no jobs in the last 8 days</p>', "compare")
+
+    def table(kind: str, head: str, label, limit: int | None = None) -> str:
+        part = rows.filter(pl.col("kind") == kind)
+        if kind == "node":  # only nodes blamed in the last 24 h, or flagged
+            part = part.filter((pl.col("recent") > 0) | (pl.col("flag") != ""))
+        if part.height == 0:
+            return f'<h3 class="sub">{head}</h3><p class="empty">none in the last 24 h</p>'
+        shown = part.head(limit) if limit else part
+        trs = "".join(
+            f'<tr class="{"flagged" if r["flag"] else ""}"><td>{label(r)}</td>'
+            f'<td class="n">{_rate(r["recent"], r["recent_jobs"])}</td>'
+            f'<td class="n">{_rate(r["base"], r["base_jobs"])}</td>'
+            f'<td class="n">{_change(r["change"]) if r["recent_jobs"] and r["base_jobs"] else "—"}</td>'
+            f'<td class="nw">{_flag(r)}</td></tr>' for r in shown.iter_rows(named=True))
+        more = f'<p class="more">and {part.height - limit} more</p>' if limit and part.height > limit else ""
+        return (f'<h3 class="sub">{head}</h3><table><thead><tr><th>{kind}</th><th class="n">last 24 h</th>'
+                '<th class="n">previous 7 days</th><th class="n">change</th><th>flag</th></tr></thead>'
+                f'<tbody>{trs}</tbody></table>{more}')
+
+    body = (table("outcome", "By outcome (share of all job attempts)", lambda r: _chip(r["key"], colors))
+            + '<div class="two"><div>'
+            + table("cluster", "By cluster (failed job attempts)", lambda r: f'<span class="pill">{_e(r["key"])}</span>')
+            + '</div><div>'
+            + table("node", "Blamed nodes (jobs that ran on the node)",
+                    lambda r: f'<code>{_e(r["key"])}</code> <span class="pill">{_e(r["cluster"])}</span>', max_nodes)
+            + "</div></div>")
+    return _section(title, note, body, "compare")
+
+
 def _section(title: str, note: str, body: str, sid: str) -> str:
     n = f'<p class="note">{note}</p>' if note else ""
     return f'<section id="{sid}"><h2>{_e(title)}</h2>{n}{body}</section>'
@@ -148,11 +212,15 @@ def render_report(diagnoses: pl.DataFrame, *, outcome_day: pl.DataFrame | None =
                   lemons: pl.DataFrame | None = None,
                   title: str = "faultline — fleet failure report", generated_at: datetime | str | None = None,
                   lemon_window_days: float = 7, lemon_k: int = 3, top_nodes: int = 15,
-                  max_rows: int = 50, actions: pl.DataFrame | None = None, rate: dict | None = None) -> str:
+                  max_rows: int = 50, actions: pl.DataFrame | None = None, rate: dict | None = None,
+                  comparison: cmp.Comparison | None = None, jobs: pl.DataFrame | None = None) -> str:
     """One self-contained HTML page. Trend frames not given are computed from `diagnoses`
     (a TABLES["diagnoses"] frame; reduced to one verdict per job attempt with `trends.current`).
+    The last-24-hours comparison needs `comparison` or the `jobs` table (its denominator).
     Output depends only on the arguments: `generated_at` defaults to the newest `diagnosed_at`."""
     d = trends.current(diagnoses)
+    if comparison is None and jobs is not None:
+        comparison = cmp.of(jobs, d)
     od = outcome_day if outcome_day is not None else trends.outcome_day(d)
     lem = lemons if lemons is not None else trends.lemons(d, lemon_window_days, lemon_k)
     head = trends.headline(d)
@@ -167,6 +235,7 @@ def render_report(diagnoses: pl.DataFrame, *, outcome_day: pl.DataFrame | None =
     parts = [f'<header><h1>{_e(title)}</h1><div class="meta">generated {_e(gen)}{span} · clusters: '
              f'{_e(", ".join(clusters) or "—")}</div></header><main>']
     parts.append(_headline(head, by_outcome, lem))
+    parts.append(_compare_section(comparison, colors))
     parts.append(_actions_section(actions if actions is not None else act_mod.actions(d), rate, colors, max_rows))
     parts.append(_outcomes_section(by_outcome, colors))
     parts.append(_timeline_section(od, colors))
