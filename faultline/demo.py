@@ -61,6 +61,22 @@ def _window(truth) -> tuple:
     return start, end
 
 
+def _metrics_only_score(diagnoses, truth) -> dict:
+    """The GPU faults whose syslog was not shipped: only the DCGM samples name the node. Right = the
+    truth's outcome and culprit node."""
+    import polars as pl
+
+    mo = truth.filter(pl.col("fault").str.starts_with("gpu_") & pl.col("missing").str.starts_with("syslog")
+                      & (pl.col("blame") == "node"))
+    both = mo.join(diagnoses.select("cluster", "job_id", "attempt", pl.col("outcome").alias("got"),
+                                    pl.col("culprit_nodes").alias("got_nodes")),
+                   on=["cluster", "job_id", "attempt"], how="left")
+    right = both.filter((pl.col("got") == pl.col("outcome"))
+                        & (pl.col("got_nodes").list.sort().list.join(",") == pl.col("culprit_nodes").list.sort()
+                           .list.join(",")))
+    return {"jobs": both.height, "right": right.height}
+
+
 def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: int = 2, seed: int = 0) -> int:
     import json as _json
     import shutil
@@ -97,6 +113,7 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
     names = [c["name"] for c in _json.loads((sim / "fleet.json").read_text())["clusters"]]
     write_config(demo, [{"name": n, "scheduler": {"kind": "sacct_files", "path": str(sim)},
                          "logs": {"kind": "loki_files", "path": str(sim)},
+                         "metrics": {"kind": "parquet_files", "path": str(sim)},
                          "node_events": {"kind": "jsonl_files", "path": str(sim)}} for n in names], demo=True)
     truth = pl.read_parquet(sim / "truth.parquet")
     start, end = _window(truth)
@@ -141,6 +158,10 @@ def run_fleet_demo(data_dir: Path, jobs: int = 3000, days: int = 3, clusters: in
     print(f"  culprit  {sc['culprit_right']}/{sc['culprit_cases']} "
           f"({100 * sc['culprit_right'] / max(sc['culprit_cases'], 1):.1f}%) of jobs whose truth names one")
     print(f"  wrong blames {sc['wrong_blames']}, ambiguous {sc['ambiguous']}")
+    mo = _metrics_only_score(diagnoses, truth)
+    if mo["jobs"]:
+        print(f"  metrics-only faults (GPU Xid, no syslog shipped): {mo['right']}/{mo['jobs']} right "
+              f"(outcome and culprit node, from the DCGM Xid gauge)")
     example = diagnoses.filter(pl.col("outcome") == "gpu_hardware").sort("cluster", "job_id").head(1)
     print(f"\nreport: {html}\nwarehouse: {demo / 'warehouse'}\ntry: faultline sql"
           + ("" if demo == Path("data").resolve() else f" --data-dir {data_dir}")

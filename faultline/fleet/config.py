@@ -13,7 +13,7 @@ clusters:
   - name: alpha
     scheduler: {kind: sacct_files, path: /sim}     # or {kind: sacct} to run sacct on this host
     logs: {kind: loki_files, path: /sim}           # saved Loki query_range responses, one per line
-    metrics: {kind: parquet_files, path: /sim}     # optional (accepted; not read yet)
+    metrics: {kind: parquet_files, path: /sim}     # optional: <path>/<cluster>/metrics/<day>.parquet samples
     node_events: {kind: jsonl_files, path: /sim}   # optional: <path>/<cluster>/node_events/<day>.jsonl
   - name: charlie
     scheduler:                                     # Slurm's REST API with a JWT (docs/fleet.md "Slurm")
