@@ -305,3 +305,10 @@ def test_renders_in_headless_chromium(page, tmp_path):
     assert any(bytes.fromhex(c[1:]) in colors for c in PALETTE)
     if out := os.environ.get("FAULTLINE_SCREENSHOT_OUT"):  # refresh docs/report-screenshot.png
         shutil.copyfile(png, out)
+
+
+def test_headline_names_the_denominator(fleet):
+    rate = {"jobs": 4000, "failed": 1000, "rate": 0.25, "gpu_hours": 10.0, "gpu_hours_failed": 5.0,
+            "gpu_hours_share": 0.5}
+    page = report_html.render_report(fleet, generated_at=GEN, rate=rate)
+    assert "of 4,000 job attempts (25.0% failed)" in page and "1,000 of 4,000 job attempts failed" in page

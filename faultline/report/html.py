@@ -234,7 +234,7 @@ def render_report(diagnoses: pl.DataFrame, *, outcome_day: pl.DataFrame | None =
             if head["first_end"] is not None else "")
     parts = [f'<header><h1>{_e(title)}</h1><div class="meta">generated {_e(gen)}{span} · clusters: '
              f'{_e(", ".join(clusters) or "—")}</div></header><main>']
-    parts.append(_headline(head, by_outcome, lem))
+    parts.append(_headline(head, by_outcome, lem, rate))
     parts.append(_compare_section(comparison, colors))
     parts.append(_actions_section(actions if actions is not None else act_mod.actions(d), rate, colors, max_rows))
     parts.append(_outcomes_section(by_outcome, colors))
@@ -251,12 +251,15 @@ def render_report(diagnoses: pl.DataFrame, *, outcome_day: pl.DataFrame | None =
             + "".join(parts) + "</body></html>\n")
 
 
-def _headline(head: dict, by_outcome: pl.DataFrame, lem: pl.DataFrame) -> str:
+def _headline(head: dict, by_outcome: pl.DataFrame, lem: pl.DataFrame, rate: dict | None = None) -> str:
     failed = by_outcome.filter(pl.col("outcome") != "healthy").sort(["jobs", "outcome"], descending=[True, False])
     top = failed.row(0, named=True) if failed.height else None
     top_s = f'{_e(top["outcome"])} · {top["jobs"]} jobs' if top else "—"
     cards = [
-        ("", "Jobs diagnosed", _num(head["jobs"]), f'{head["healthy"]} healthy'),
+        # the scheduler's denominator when known: "0 healthy" of the diagnosed failures says nothing
+        ("", "Jobs diagnosed", _num(head["jobs"]),
+         f'of {rate["jobs"]:,} job attempts ({rate["rate"]:.1%} failed)' if rate and rate.get("jobs")
+         else f'{head["healthy"]} healthy'),
         ("warn", "Failures", _num(head["failed"]), f'top: {top_s}'),
         ("warn", "GPU-hours lost", _hours(head["gpu_hours_lost"]), "GPUs × run time of failed jobs"),
         ("amb", "Ambiguous", _num(head["ambiguous"]), "verdicts awaiting review"),
