@@ -183,8 +183,14 @@ def cmd_flow(args) -> int:
     from faultline.flows.env import configure_prefect
 
     configure_prefect(args.data_dir)
+    from faultline.flows import runner
     from faultline.flows.server import prefect_api
 
+    # the flows choose their task runner when imported (faultline.flows.runner)
+    if getattr(args, "dask_address", None):
+        os.environ[runner.ADDRESS_ENV] = args.dask_address
+    if getattr(args, "dask_workers", None):
+        os.environ[runner.WORKERS_ENV] = str(args.dask_workers)
     with prefect_api():
         return _run_flow(args)
 
@@ -361,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--job-id")
     fl.add_argument("--rules", action="append", help="diagnose/backtest: extra or candidate rule pack folder")
     fl.add_argument("--no-builtin", action="store_true", help="backtest: the candidate is only the --rules packs")
+    fl.add_argument("--dask-address", help="run the partition tasks on this Dask scheduler (tcp://host:8786; "
+                                           "needs faultline[dask] there and the same data dir path)")
+    fl.add_argument("--dask-workers", type=int, help="run the partition tasks on a local Dask cluster of N processes")
     fl.set_defaults(func=cmd_flow)
 
     bf = sub.add_parser("backfill", help="collect and diagnose history from a date (day by day, a no-op when re-run)")

@@ -176,3 +176,49 @@ def test_settings_of_the_deployments_fail_clearly_when_missing(tmp_path, monkeyp
         set_project_dir()
     monkeypatch.delenv(ENV)
     assert (project_dir() / "prefect.yaml").is_file()  # the checkout faultline is installed from
+
+
+def test_diagnose_on_a_dask_cluster_writes_the_same_warehouse(tmp_path, harness):
+    """The diagnose flow's partition tasks on a 2-process Dask LocalCluster, jobs streamed 7 at a time,
+    against the thread runner with one batch per partition: the same diagnoses and symptoms."""
+    pytest.importorskip("prefect_dask")
+    import shutil
+
+    import polars as pl
+
+    from faultline.fleet.config import write_config
+    from faultline.flows import flows, runner
+    from faultline.simulate import SimConfig, simulate
+    from faultline.warehouse.store import Warehouse
+
+    sim = tmp_path / "sim"
+    simulate(sim, SimConfig(jobs=160, days=2, clusters=2, seed=11, nodes_per_cluster=32), log=lambda _: None)
+    names = sorted(p.name for p in sim.iterdir() if p.is_dir())
+    threads, dask = tmp_path / "threads", tmp_path / "dask"
+    write_config(threads, [{"name": n, "scheduler": {"kind": "sacct_files", "path": str(sim)},
+                            "logs": {"kind": "loki_files", "path": str(sim)}} for n in names], demo=True)
+    truth = pl.read_parquet(sim / "truth.parquet")
+    lo, hi = truth["end_time"].min(), truth["end_time"].max()
+    flows.collect(data_dir=str(threads), start=lo.replace(hour=0, minute=0, second=0, microsecond=0),
+                  end=hi + __import__("datetime").timedelta(days=1))
+    shutil.copytree(threads, dask)  # the same collected warehouse, twice
+    cfg = (dask / "faultline.yaml").read_text()
+    (dask / "faultline.yaml").write_text("diagnose_batch_jobs: 7\n" + cfg)
+
+    flows.diagnose(data_dir=str(threads))
+    on_dask = flows.diagnose.with_options(task_runner=runner.dask(workers=2))(data_dir=str(dask))
+    assert sum(r["partitions"] for r in on_dask) >= 4  # clusters x days: work to spread
+
+    def table(root, name: str) -> pl.DataFrame:  # all but when and in which batch it was written
+        df = Warehouse(root / "warehouse").read(name)
+        if "diagnosis" in df.columns:
+            df = df.with_columns(pl.col("diagnosis").str.replace(r'"diagnosed_at": "[^"]*"', ""))
+        keep = [c for c in df.columns if c not in ("diagnosed_at", "_batch", "_written_at")]
+        return df.select(keep).sort(keep[:4])
+
+    a, b = table(threads, "diagnoses"), table(dask, "diagnoses")
+    assert a.height == truth.filter(pl.col("state") != "COMPLETED").height > 20
+    assert a.equals(b)
+    sa, sb = table(threads, "symptoms"), table(dask, "symptoms")
+    cols = [c for c in sa.columns]
+    assert sa.sort(cols).equals(sb.sort(cols)) and sa.height > a.height

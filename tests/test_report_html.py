@@ -8,14 +8,15 @@ import signal
 import struct
 import subprocess
 import zlib
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from html.parser import HTMLParser
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-from faultline import report_html, trends
+from faultline.report import artifact, charts, html as report_html, trends
+from faultline.report.colors import PALETTE
 
 from .test_trends import diag_row, ev, frame, synthetic_fleet
 
@@ -75,9 +76,19 @@ def fleet() -> pl.DataFrame:
     return synthetic_fleet()
 
 
+def jobs_of(d: pl.DataFrame) -> pl.DataFrame:
+    """A jobs table (the rates' denominator) for a diagnoses frame: every verdict's job plus as many
+    healthy ones, on the verdict's culprit and affected nodes."""
+    jobs = d.select("cluster", "job_id", "attempt", "end_time",
+                    state=pl.when(pl.col("outcome") == "healthy").then(pl.lit("COMPLETED")).otherwise(pl.lit("FAILED")),
+                    nodes=pl.concat_list("culprit_nodes", "affected_nodes").list.unique().list.sort())
+    ok = jobs.with_columns(job_id=pl.col("job_id") + "-ok", state=pl.lit("COMPLETED"))
+    return pl.concat([jobs, ok])
+
+
 @pytest.fixture(scope="module")
 def page(fleet) -> str:
-    return report_html.render_report(fleet, title="Fleet report <test>", generated_at=GEN)
+    return report_html.render_report(fleet, title="Fleet report <test>", generated_at=GEN, jobs=jobs_of(fleet))
 
 
 def test_well_formed_and_self_contained(page):
@@ -122,11 +133,12 @@ def test_urls_in_logs_stay_text():
 def test_sections_and_numbers(fleet, page):
     c = check(page)
     text = " ".join(c.text)
-    for sid in ("causes", "timeline", "culprits", "queues", "ambiguous", "coverage"):
+    for sid in ("compare", "causes", "timeline", "culprits", "queues", "ambiguous", "coverage"):
         assert f'id="{sid}"' in page
     for heading in ("Jobs diagnosed", "Failures", "GPU-hours lost", "Ambiguous", "Lemon nodes",
                     "Outcomes over time", "Top culprit nodes and lemons", "GPU-hours lost by cause",
-                    "Ambiguous verdicts awaiting review", "Telemetry coverage"):
+                    "Ambiguous verdicts awaiting review", "Telemetry coverage",
+                    "Last 24 hours against the previous 7 days", "By outcome", "Blamed nodes"):
         assert heading in text, heading
     head = trends.headline(fleet)
     assert f'>{head["jobs"]:,}<' in page
@@ -138,14 +150,23 @@ def test_sections_and_numbers(fleet, page):
     for src in ("applog", "syslog", "scheduler", "k8s_event"):
         assert src in text
     assert "legend" in page and "<title>" in page  # legends and hover titles
+    # the comparison's rates carry their denominators: the last 24 h hold twice the verdicts of that day
+    last = fleet.filter(pl.col("end_time") > fleet["end_time"].max() - timedelta(hours=24))
+    assert f"/ {2 * last.height:,})" in text
+    assert "conditional binomial test" in text
+
+
+def test_comparison_needs_its_denominator(fleet):
+    page = report_html.render_report(fleet, generated_at=GEN)
+    assert "the rates need their denominator" in page
 
 
 def test_deterministic_and_empty(fleet, page):
-    assert report_html.render_report(fleet, title="Fleet report <test>", generated_at=GEN) == page
+    assert report_html.render_report(fleet, title="Fleet report <test>", generated_at=GEN, jobs=jobs_of(fleet)) == page
     empty = report_html.render_report(frame([]), generated_at=GEN)
     check(empty)
     assert "no verdicts" in empty
-    assert report_html.render_markdown(frame([])).startswith("# ")
+    assert artifact.render_markdown(frame([])).startswith("# ")
 
 
 def test_given_trends_are_used(fleet):
@@ -156,7 +177,7 @@ def test_given_trends_are_used(fleet):
 
 
 def test_markdown(fleet, tmp_path):
-    md = report_html.render_markdown(fleet, report_path="/reports/2024-04-04 | nightly.html", generated_at=GEN)
+    md = artifact.render_markdown(fleet, report_path="/reports/2024-04-04 | nightly.html", generated_at=GEN)
     head = trends.headline(fleet)
     assert md.startswith("# ")
     assert f"**{head['jobs']}** jobs diagnosed" in md
@@ -165,8 +186,12 @@ def test_markdown(fleet, tmp_path):
     assert "nccl\\_timeout\\_hang" in md
     assert "/reports/2024-04-04 \\| nightly.html" in md
     evil = frame([diag_row(cluster="c|<x>", culprit_nodes=["n|1"], job_id=str(i)) for i in range(3)])
-    md = report_html.render_markdown(evil)
+    md = artifact.render_markdown(evil)
     assert "<x>" not in md and "n\\|1" in md
+    from faultline.report import compare
+
+    md = artifact.render_markdown(fleet, comparison=compare.of(jobs_of(fleet), fleet))
+    assert "## Last 24 h against the previous 7 days" in md and "| outcome |" in md
 
 
 def test_write_report(tmp_path, page):
@@ -176,14 +201,14 @@ def test_write_report(tmp_path, page):
 
 
 def test_svg_helpers():
-    assert report_html.nice_ticks(0) == [0.0, 1.0]
-    assert report_html.nice_ticks(74)[-1] >= 74
-    assert report_html.nice_ticks(9) == [0, 2.5, 5.0, 7.5, 10.0]
-    svg = report_html.stacked_bar_chart(["a", "b"], [("x<y", [1, 2], "#000"), ("z", [0, 3], "#111")], label="t")
+    assert charts.nice_ticks(0) == [0.0, 1.0]
+    assert charts.nice_ticks(74)[-1] >= 74
+    assert charts.nice_ticks(9) == [0, 2.5, 5.0, 7.5, 10.0]
+    svg = charts.stacked_bar_chart(["a", "b"], [("x<y", [1, 2], "#000"), ("z", [0, 3], "#111")], label="t")
     check(svg)
     assert "x&lt;y" in svg and svg.count("<rect") == 3
-    check(report_html.hbar_chart(["n1"], [("s", [2.0], "#000")], label="t"))
-    check(report_html.line_chart(["d1", "d2"], [("c", [1.0, 2.0], "#000")], label="t"))
+    check(charts.hbar_chart(["n1"], [("s", [2.0], "#000")], label="t"))
+    check(charts.line_chart(["d1", "d2"], [("c", [1.0, 2.0], "#000")], label="t"))
 
 
 # --------------------------------------------------------------------------- rendering in Chromium
@@ -277,6 +302,13 @@ def test_renders_in_headless_chromium(page, tmp_path):
     assert inked / samples > 0.03, f"only {inked / samples:.1%} of the page is drawn on"
     # the dark header band is at the top, and the charts use the palette somewhere
     assert rows[10][600 * bpp:600 * bpp + 3] == bytes.fromhex("1d2330")
-    assert any(bytes.fromhex(c[1:]) in colors for c in report_html.PALETTE)
+    assert any(bytes.fromhex(c[1:]) in colors for c in PALETTE)
     if out := os.environ.get("FAULTLINE_SCREENSHOT_OUT"):  # refresh docs/report-screenshot.png
         shutil.copyfile(png, out)
+
+
+def test_headline_names_the_denominator(fleet):
+    rate = {"jobs": 4000, "failed": 1000, "rate": 0.25, "gpu_hours": 10.0, "gpu_hours_failed": 5.0,
+            "gpu_hours_share": 0.5}
+    page = report_html.render_report(fleet, generated_at=GEN, rate=rate)
+    assert "of 4,000 job attempts (25.0% failed)" in page and "1,000 of 4,000 job attempts failed" in page

@@ -9,7 +9,7 @@ from datetime import date, datetime, timedelta, timezone
 import polars as pl
 import pytest
 
-from faultline import trends
+from faultline.report import trends
 from faultline.warehouse.schema import TABLES
 
 T0 = datetime(2024, 3, 21, 10, 0, tzinfo=timezone.utc)
@@ -333,7 +333,7 @@ def test_the_drain_reset_list_names_node_action_why_evidence_and_state():
     import datetime as _dt
     import json as _json
 
-    from faultline import trends as _t
+    from faultline.report import actions as _t
 
     utc = _dt.timezone.utc
     t = lambda h: _dt.datetime(2025, 3, 3, h, tzinfo=utc)  # noqa: E731

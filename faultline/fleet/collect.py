@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from faultline.collectors import loki, prometheus, slurm, slurmrestd
+from faultline.collectors import loki, metric_files, prometheus, slurm, slurmrestd
 from faultline.fleet import loki_jobs
 from faultline.fleet.config import ClusterConfig
 from faultline.limits import SACCT_WINDOW_TIMEOUT_S
@@ -210,8 +210,10 @@ def fetch_metrics(cluster: ClusterConfig, failed: pl.DataFrame,
                   margin_minutes: float = 15) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Samples of the failed jobs' nodes over their windows and a `metrics` coverage row per job (none when
     no live metrics source is configured). Failures stay per job: a coverage error with the reason."""
-    if cluster.metrics is None or cluster.metrics.get("kind") != "prometheus" or failed.height == 0:
+    if cluster.metrics is None or failed.height == 0:
         return pl.DataFrame(schema=TABLES["metrics"]), pl.DataFrame(schema=prometheus.COVERAGE_SCHEMA)
+    if cluster.metrics.get("kind") == "parquet_files":
+        return metric_files.fetch(cluster.metrics, cluster.name, failed, margin_minutes)
     return prometheus.fetch(cluster.metrics, cluster.name, failed, margin_minutes)
 
 

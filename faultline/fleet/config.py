@@ -8,11 +8,12 @@ initial_lookback_minutes: 60  # a cluster's first collect (no cursor yet) reads 
 logs_retry_minutes: 60        # a job whose logs failed is held back (not committed) and retried by later
                               # collects until this long after its end; then committed with the error
 diagnose_horizon_days: 30     # diagnose looks for undiagnosed jobs in batches committed this recently
+diagnose_batch_jobs: 500      # a partition's jobs are diagnosed this many at a time: memory holds one batch's lines
 clusters:
   - name: alpha
     scheduler: {kind: sacct_files, path: /sim}     # or {kind: sacct} to run sacct on this host
     logs: {kind: loki_files, path: /sim}           # saved Loki query_range responses, one per line
-    metrics: {kind: parquet_files, path: /sim}     # optional (accepted; not read yet)
+    metrics: {kind: parquet_files, path: /sim}     # optional: <path>/<cluster>/metrics/<day>.parquet samples
     node_events: {kind: jsonl_files, path: /sim}   # optional: <path>/<cluster>/node_events/<day>.jsonl
   - name: charlie
     scheduler:                                     # Slurm's REST API with a JWT (docs/fleet.md "Slurm")
@@ -109,6 +110,7 @@ class FleetConfig:
     logs_retry_minutes: float = 60
     diagnose_horizon_days: float = 30
     max_drain: int = 2
+    diagnose_batch_jobs: int = 500
     extra_rules: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -207,7 +209,8 @@ def load_config(data_dir: Path, path: Path | None = None) -> FleetConfig:
     if errors:
         raise ConfigError("\n".join(errors))
     return FleetConfig(data_dir=data_dir, clusters=tuple(clusters), margin_minutes=int(raw.get("margin_minutes", 15)),
-                       max_drain=int(raw.get("max_drain", 2)), extra_rules=tuple(raw.get("rules") or ()), **numbers)
+                       max_drain=int(raw.get("max_drain", 2)),
+                       diagnose_batch_jobs=max(1, int(raw.get("diagnose_batch_jobs", 500))), extra_rules=tuple(raw.get("rules") or ()), **numbers)
 
 
 def write_config(data_dir: Path, clusters: list[dict], **extra) -> Path:

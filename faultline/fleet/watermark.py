@@ -236,6 +236,52 @@ def pending(wh: Warehouse, cluster: str, ruleset: str, now: datetime, horizon_da
     return jobs, batches
 
 
+def _diagnose_day(cfg: FleetConfig, wh: Warehouse, cluster: str, day: date, mine: pl.DataFrame,
+                  ruleset: Ruleset) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(diagnoses, symptoms) of one end day's jobs, `cfg.diagnose_batch_jobs` jobs at a time: only one
+    batch's log lines are in memory (the verdicts, small, are gathered). A job's verdict depends on its
+    own evidence only, so batching changes no verdict."""
+    step = max(1, cfg.diagnose_batch_jobs)
+    mine = mine.sort(JOB_KEY)
+    out_d, out_s = [], []
+    for lo in range(0, mine.height, step):
+        part = mine.slice(lo, step)
+        keys = part.select(*JOB_KEY, "_batch")
+        ids = part["job_id"].unique().to_list()
+
+        def read(t: str) -> pl.DataFrame:  # the scan filters by job id, then the exact key and batch
+            return wh.read_window(t, day, day, [cluster], batches=set(keys["_batch"].to_list()),
+                                  where="list_contains(?::VARCHAR[], job_id)", params=[ids]
+                                  ).join(keys, on=[*JOB_KEY, "_batch"], how="semi")
+
+        d, s = diagnose_tables(part, read("logs"), read("coverage"), ruleset, cfg.max_drain,
+                               metrics=job_metrics(wh, cluster, part, day))
+        out_d.append(d)
+        out_s.append(s)
+    return pl.concat(out_d), pl.concat(out_s)
+
+
+def diagnose_day(cfg: FleetConfig, wh: Warehouse, cluster: str, day: date | None, jobs: pl.DataFrame,
+                 ruleset: Ruleset, covers: list[str], now: datetime, kind: str = "diagnose") -> int:
+    """One transaction: the verdicts of `jobs` that ended `day` (None: none, only `covers`), committed
+    with `covers`, the input batches then fully handled. Returns the number of diagnoses."""
+    batch = unique_batch(kind, ruleset.version, cluster, day.isoformat() if day else stamp(now))
+    with wh.transaction(batch, [cluster], kind, ruleset=ruleset.version, covers=covers,
+                        jobs=0, failed=0) as tx:
+        if day is None:  # nothing to diagnose: record that the inputs are covered
+            return 0
+        mine = jobs.filter(pl.col("date") == day)
+        diagnoses, symptoms = _diagnose_day(cfg, wh, cluster, day, mine, ruleset)
+        dated = mine.select(*JOB_KEY, "date")
+        tx.info.update(jobs=diagnoses.height, failed=diagnoses.height)
+        tx.write("diagnoses", diagnoses.join(dated, on=JOB_KEY))
+        crashpoints.point("diagnose.diagnoses")
+        tx.write("symptoms", symptoms.join(dated, on=JOB_KEY))
+        crashpoints.point("diagnose.symptoms")
+    crashpoints.point("diagnose.committed")
+    return diagnoses.height
+
+
 def diagnose_jobs(cfg: FleetConfig, wh: Warehouse, cluster: str, jobs: pl.DataFrame, ruleset: Ruleset,
                   covers: list[str], now: datetime, kind: str = "diagnose") -> int:
     """Diagnose `jobs` (committed rows with `_batch`), one transaction per end day; the last commit
@@ -244,27 +290,16 @@ def diagnose_jobs(cfg: FleetConfig, wh: Warehouse, cluster: str, jobs: pl.DataFr
     n = 0
     for i, day in enumerate(days or [None]):
         last = i == len(days or [None]) - 1
-        batch = unique_batch(kind, ruleset.version, cluster, day.isoformat() if day else stamp(now))
-        with wh.transaction(batch, [cluster], kind, ruleset=ruleset.version, covers=covers if last else [],
-                            jobs=0, failed=0) as tx:
-            if day is None:  # nothing to diagnose: record that the inputs are covered
-                break
-            mine = jobs.filter(pl.col("date") == day)
-            keys = mine.select(*JOB_KEY, "_batch")
-            read = lambda t: wh.read_window(t, day, day, [cluster], batches=set(keys["_batch"].to_list())).join(  # noqa: E731
-                keys, on=[*JOB_KEY, "_batch"], how="semi")
-            logs, coverage = read("logs"), read("coverage")
-            diagnoses, symptoms = diagnose_tables(mine, logs, coverage, ruleset, cfg.max_drain,
-                                                  metrics=job_metrics(wh, cluster, mine, day))
-            dated = mine.select(*JOB_KEY, "date")
-            tx.info.update(jobs=diagnoses.height, failed=diagnoses.height)
-            tx.write("diagnoses", diagnoses.join(dated, on=JOB_KEY))
-            crashpoints.point("diagnose.diagnoses")
-            tx.write("symptoms", symptoms.join(dated, on=JOB_KEY))
-            crashpoints.point("diagnose.symptoms")
-            n += diagnoses.height
-        crashpoints.point("diagnose.committed")
+        n += diagnose_day(cfg, wh, cluster, day, jobs, ruleset, covers if last else [], now, kind)
     return n
+
+
+def pending_day(wh: Warehouse, cluster: str, day: date, batches: list[str], ruleset: str) -> pl.DataFrame:
+    """The failed jobs of `batches` that ended `day` still without a verdict of `ruleset` (a partition
+    task's share of `pending`, read again where the task runs)."""
+    jobs = wh.read_window("jobs", day, day, [cluster], batches=batches)
+    jobs = jobs.filter(pl.col("state").is_in(list(FAILED_STATES)))
+    return _not_diagnosed(wh, cluster, _current_rows(wh, cluster, jobs), ruleset)
 
 
 def diagnose(cfg: FleetConfig, cluster: str, ruleset: Ruleset, now: datetime | None = None) -> dict:

@@ -19,17 +19,15 @@ from pathlib import Path
 import polars as pl
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.task_runners import ThreadPoolTaskRunner
-
-from faultline.flows import tasks
+from faultline.flows import runner, tasks
 from faultline.flows.env import data_dir_of
 from faultline.fleet.config import load_config
 
 
-def _partition_runner() -> ThreadPoolTaskRunner:
-    """Partitions run side by side, but only as many as the machine holds: each one holds a cluster-day
-    of lines in memory. FAULTLINE_WORKERS sets it (default 2); use a Dask runner beyond one machine."""
-    return ThreadPoolTaskRunner(max_workers=max(1, int(os.environ.get("FAULTLINE_WORKERS", "2"))))
+def _partition_runner():
+    """Threads by default (FAULTLINE_WORKERS, 2), Dask when FAULTLINE_DASK_ADDRESS or FAULTLINE_DASK_WORKERS
+    is set (faultline.flows.runner); `flow.with_options(task_runner=runner.dask(...))` chooses per call."""
+    return runner.partition_runner()
 
 
 def _utc(t: datetime | str | None, default: datetime) -> datetime:
@@ -72,11 +70,22 @@ def diagnose(data_dir: str | None = None, rules: list[str] | None = None, now: d
     changed): no window, so a late, missed or killed run loses nothing."""
     data_dir = data_dir_of(data_dir)
     cfg = load_config(Path(data_dir))
-    names = [c.name for c in cfg.clusters]
-    futures = tasks.diagnose_pending.map([data_dir] * len(names), names, [rules] * len(names), [now] * len(names))
-    out = [f.result() for f in futures]
-    for r in out:
-        print(f"diagnose {r['cluster']}: {r['diagnosed']} job(s) with ruleset {r['ruleset']}")
+    plans = [tasks.diagnose_plan(data_dir, c.name, rules, now) for c in cfg.clusters]
+    # one partition task per cluster x end day, on the flow's task runner (threads or Dask)
+    parts = [(p, day) for p in plans for day in p["days"]]
+    futures = tasks.diagnose_day.map([data_dir] * len(parts), [p["cluster"] for p, _ in parts],
+                                     [d for _, d in parts], [p["covers"] for p, _ in parts],
+                                     [rules] * len(parts), [p["now"] for p, _ in parts])
+    counts = [f.result() for f in futures]  # raises if a partition failed: nothing is covered then
+    out = []
+    for p in plans:
+        if p["covers"]:
+            tasks.diagnose_cover(data_dir, p["cluster"], p["covers"], rules, p["now"])
+        n = sum(c for (q, _), c in zip(parts, counts) if q is p)
+        out.append({"cluster": p["cluster"], "diagnosed": n, "ruleset": p["ruleset"], "batches": len(p["covers"]),
+                    "partitions": sum(1 for q, _ in parts if q is p)})
+        print(f"diagnose {p['cluster']}: {n} job(s) in {out[-1]['partitions']} partition(s) with ruleset "
+              f"{p['ruleset']}")
     return out
 
 
@@ -99,7 +108,7 @@ def backfill(since: datetime, data_dir: str | None = None, until: datetime | Non
 def report(data_dir: str | None = None, day: date | None = None, days: int = 7, lemon_k: int = 3) -> str:
     """Trend tables and the HTML report over the `days` up to `day` (default: yesterday and before)."""
     data_dir = data_dir_of(data_dir)
-    from faultline.fleet.reporting import build_report
+    from faultline.report.build import build_report
 
     end_day = day or (datetime.now(timezone.utc).date() - timedelta(days=1))
     cfg = load_config(Path(data_dir))

@@ -57,6 +57,42 @@ def diagnose_pending(data_dir: str, cluster: str, rules: list[str] | None = None
     return watermark.diagnose(load_config(Path(data_dir)), cluster, ruleset_for(data_dir, rules), now=now)
 
 
+@task(name="diagnose-plan")
+def diagnose_plan(data_dir: str, cluster: str, rules: list[str] | None = None, now: datetime | None = None) -> dict:
+    """What one cluster has pending: the input batches to cover and the end days of their undiagnosed
+    failed jobs (small values: each day becomes a partition task)."""
+    cfg = load_config(Path(data_dir))
+    ruleset = ruleset_for(data_dir, rules)
+    wh = Warehouse(cfg.warehouse_dir)
+    now = watermark._utc(now) or watermark.utcnow()
+    jobs, covers = watermark.pending(wh, cluster, ruleset.version, now, cfg.diagnose_horizon_days)
+    days = sorted(jobs["date"].unique().to_list()) if jobs.height else []
+    return {"cluster": cluster, "ruleset": ruleset.version, "covers": covers, "days": days, "now": now}
+
+
+@task(name="diagnose-day", retries=1, retry_delay_seconds=5)
+def diagnose_day(data_dir: str, cluster: str, day: date, batches: list[str], rules: list[str] | None = None,
+                 now: datetime | None = None) -> int:
+    """One cluster x end-day partition of a plan: its pending jobs, batch by batch, in one transaction."""
+    cfg = load_config(Path(data_dir))
+    ruleset = ruleset_for(data_dir, rules)
+    wh = Warehouse(cfg.warehouse_dir)
+    jobs = watermark.pending_day(wh, cluster, day, batches, ruleset.version)
+    if jobs.height == 0:  # done by an earlier, interrupted run
+        return 0
+    return watermark.diagnose_day(cfg, wh, cluster, day, jobs, ruleset, [], watermark._utc(now) or watermark.utcnow())
+
+
+@task(name="diagnose-cover", retries=1, retry_delay_seconds=5)
+def diagnose_cover(data_dir: str, cluster: str, covers: list[str], rules: list[str] | None = None,
+                   now: datetime | None = None) -> None:
+    """After every day of a plan committed: record its input batches as covered (a run killed before this
+    leaves them pending; the next run finds their jobs diagnosed and only covers them)."""
+    cfg = load_config(Path(data_dir))
+    watermark.diagnose_day(cfg, Warehouse(cfg.warehouse_dir), cluster, None, pl.DataFrame(),
+                           ruleset_for(data_dir, rules), covers, watermark._utc(now) or watermark.utcnow())
+
+
 @task(name="diagnose-partition", retries=1, retry_delay_seconds=5)
 def diagnose_partition(data_dir: str, cluster: str, start: datetime, end: datetime,
                        rules: list[str] | None = None, builtin: bool = True) -> dict:

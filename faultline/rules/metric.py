@@ -177,17 +177,22 @@ def samples_in_windows(metrics: pl.DataFrame, jobs: pl.DataFrame, names: list[st
          .with_columns(_h=pl.struct("node", "gpu", "name", "labels").hash()).collect())
     series = (m.select("_h", "node", "gpu", "name", "labels").unique("_h", maintain_order=True)
               .with_row_index("_sid"))
+    # A series the DCGM exporter's HPC job mapping labels with a job (`hpc_job`) is that job's GPU: on a node
+    # shared by jobs it is no other job's evidence. Unlabelled series count for every job on the node.
+    owner = series.select("_sid", _owner=pl.col("labels").str.json_path_match("$.hpc_job"))
     win = _windows(jobs).with_row_index("_j")
     end = pl.coalesce("end_time", pl.lit(m["ts"].max(), pl.Datetime("us", "UTC")))
     lo = (pl.col("start_time") - pl.duration(seconds=margin_s)).dt.epoch("us") // hour
-    buckets = (win.lazy().select("_j", "cluster", "node", "start_time", _end=end)
+    buckets = (win.lazy().select("_j", "cluster", "node", "start_time", "job_id", _end=end)
                .with_columns(_hour=pl.int_ranges(lo, (pl.col("_end") + pl.duration(seconds=grace_s)).dt.epoch("us")
                                                  // hour + 1)).explode("_hour"))
     frame = (m.lazy().join(series.lazy().select("_h", "_sid"), on="_h").sort("ts")
              .select("cluster", "node", "_sid", "ts", "value", _hour=pl.col("ts").dt.epoch("us") // hour)
              .join(buckets, on=["cluster", "node", "_hour"], maintain_order="left")
+             .join(owner.lazy(), on="_sid", how="left", maintain_order="left")
              .filter((pl.col("ts") >= pl.col("start_time") - pl.duration(seconds=margin_s))
-                     & (pl.col("ts") <= pl.col("_end") + pl.duration(seconds=grace_s)))
+                     & (pl.col("ts") <= pl.col("_end") + pl.duration(seconds=grace_s))
+                     & (pl.col("_owner").is_null() | (pl.col("_owner") == pl.col("job_id"))))
              .select("_j", "_sid", "ts", "value", inwin=pl.col("ts") >= pl.col("start_time"),
                      _k=pl.col("_j").cast(pl.UInt64) * (1 << 32) + pl.col("_sid").cast(pl.UInt64))
              .sort("_k", maintain_order=True)  # one integer key, stable: time order kept within a series

@@ -61,6 +61,7 @@ class SimConfig:
     missing_syslog: float = 0.03     # logged failed jobs without any syslog
     missing_applog: float = 0.02     # logged failed multi-node jobs missing one node's applog
     lemon_share: float = 0.005       # nodes per cluster that keep failing
+    metrics_only_per_cluster: int = 1  # GPU-Xid failures whose syslog is not shipped: only metrics show them
     lemon_pick: float = 0.35         # node faults of a lemon's kind that land on a lemon
     new_style_share: float = 0.7     # torchrun + PyTorch >= 2.2 formats; the rest srun + old formats
     requeue_share: float = 0.6       # preempted jobs requeued as attempt 1

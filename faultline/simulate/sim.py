@@ -14,6 +14,7 @@ import yaml
 from faultline.simulate.faults import BY_NAME, FAULTS
 from faultline.simulate.fleet import GPU_BUS, GPUS_PER_NODE, IB_DEVS, Cluster, build_clusters, hostlist
 from faultline.simulate.jobs import NODE_LOST, JobTable, SimConfig, build_jobs
+from faultline.simulate import metrics_only
 from faultline.simulate.lines import SOURCES, Rows, render
 from faultline.simulate.stories import Story
 
@@ -44,6 +45,7 @@ class Fleet:
 
         self.clusters = build_clusters(cfg.clusters, cfg.nodes_per_cluster, rng, LEMON_FAULTS, cfg.lemon_share)
         self.jt: JobTable = build_jobs(cfg, self.clusters)
+        metrics_only.mark(self.jt, cfg.metrics_only_per_cluster, cfg.seed)
         self.hosts = [pl.Series(cl.nodes, dtype=pl.String) for cl in self.clusters]
         self.ips = [pl.Series(cl.ips, dtype=pl.String) for cl in self.clusters]
         self.details: dict[int, str] = {}
@@ -223,10 +225,12 @@ class Fleet:
         df = df.with_columns(host=host, uuid=uuid.gather(gi), job_id=pl.Series(self.jt.cols["job_id"][df["job"].to_numpy()].astype(str)))
         gpu_labels = pl.concat_str([pl.lit('{"Hostname":"'), pl.col("host"), pl.lit('","UUID":"'), pl.col("uuid"),
                                     pl.lit('","device":"nvidia'), pl.col("gpu").cast(pl.String),
-                                    pl.lit('","modelName":"NVIDIA H100 80GB HBM3","job":"'), pl.col("job_id"),
+                                    pl.lit('","modelName":"NVIDIA H100 80GB HBM3","hpc_job":"'), pl.col("job_id"),
                                     pl.lit('"}')])
+        # The simulator does not keep nodes exclusive to one job at a time, so its node-level samples carry
+        # the job they were drawn for as well (real node-exporter samples carry none: every job on the node).
         ib_labels = pl.concat_str([pl.lit('{"instance":"'), pl.col("host"), pl.lit(':9100","device":"mlx5_'),
-                                   pl.lit(""), pl.lit('","port":"1"}')])
+                                   pl.lit(""), pl.lit('","port":"1","hpc_job":"'), pl.col("job_id"), pl.lit('"}')])
         return df.select(
             cluster=pl.lit(cl.name), node="host",
             gpu=pl.when(pl.col("gpu") >= 0).then(pl.col("gpu")).cast(pl.Int32),

@@ -1,224 +1,24 @@
-"""The nightly fleet report: one self-contained HTML file and a short markdown summary.
+"""The nightly fleet report as one self-contained HTML page.
 
-Pure functions over Polars frames (the `diagnoses` table and the trend frames of
-`faultline.trends`); the only I/O is `write_report`. The HTML loads nothing: no scripts,
-fonts, style sheets or images from anywhere; charts are inline SVG drawn here. Every string
-that comes from data (log lines, node names, job ids, queues, ...) is HTML-escaped.
+Pure functions over Polars frames (the `diagnoses` table and the frames of `report.trends`,
+`report.actions` and `report.compare`); the only I/O is `write_report`. The HTML loads nothing: no
+scripts, fonts, style sheets or images from anywhere; charts are inline SVG (`report.charts`). Every
+string that comes from data (log lines, node names, job ids, queues, ...) is HTML-escaped.
 """
 
 from __future__ import annotations
 
-import html
-import math
 import os
 from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
 
-from faultline import trends
+from faultline.report import actions as act_mod, compare as cmp, trends
+from faultline.report.charts import hbar_chart, legend, line_chart, stacked_bar_chart
+from faultline.report.colors import LIGHT, OTHER, OUTCOME_COLORS, PALETTE, STATUS_COLORS
+from faultline.report.fmt import clip as _clip, e as _e, hours as _hours, num as _num, ts as _ts
 from faultline.taxonomy import OUTCOMES
-
-# Paul Tol's "muted" qualitative palette, then his "bright" and "light" ones: distinguishable with the
-# common colour-vision deficiencies. Each outcome of the taxonomy has its own colour, fixed by its place
-# in faultline.taxonomy.OUTCOMES, so a colour means the same outcome in every report; healthy and
-# unknown verdicts have fixed greys.
-PALETTE = ("#332288", "#88CCEE", "#117733", "#DDCC77", "#CC6677", "#44AA99", "#882255", "#EE8866", "#4477AA",
-           "#999933", "#AA4499", "#66CCEE", "#228833", "#CCBB44", "#EE6677", "#AA3377", "#BBCC33")
-OTHER = "#8F8F8F"
-FIXED = {"healthy": "#D4D4D4", "unknown": "#5E5E5E"}
-OUTCOME_COLORS = {**dict(zip([o for o in OUTCOMES if o not in FIXED], PALETTE, strict=True)), **FIXED}
-STATUS_COLORS = {"ok": "#117733", "empty": "#DDCC77", "error": "#CC6677", "not_configured": "#BBBBBB"}
-ACCENT = "#332288"
-MAX_LINE = 300
-
-
-def _e(x) -> str:
-    """HTML-escape anything (None -> an em dash)."""
-    if x is None:
-        return "—"
-    return html.escape(str(x), quote=True)
-
-
-def _clip(s: str | None, n: int = MAX_LINE) -> str | None:
-    if s is None:
-        return None
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
-def _num(x: float, digits: int = 0) -> str:
-    if x is None:
-        return "—"
-    if digits == 0:
-        return f"{x:,.0f}"
-    return f"{x:,.{digits}f}"
-
-
-def _hours(x: float) -> str:
-    return _num(x, 1) if x < 100 else _num(x)
-
-
-def _ts(x) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, datetime):
-        return x.strftime("%Y-%m-%d %H:%M UTC") if x.tzinfo else x.strftime("%Y-%m-%d %H:%M")
-    return str(x)
-
-
-# --------------------------------------------------------------------------- SVG charts
-
-def nice_ticks(vmax: float, n: int = 4, integer: bool = False) -> list[float]:
-    """0 and about n round steps (1, 2, 2.5, 5 x 10^k; whole numbers if `integer`) covering vmax."""
-    if vmax <= 0:
-        return [0.0, 1.0]
-    raw = vmax / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    if integer:
-        step = max(1, math.ceil(step))
-    count = math.ceil(vmax / step - 1e-9)
-    return [i * step for i in range(count + 1)]
-
-
-def _tick_label(v: float) -> str:
-    if v >= 10_000:
-        return f"{v / 1000:,.0f}k"
-    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}".rstrip("0").rstrip(".")
-
-
-def _svg_open(w: int, h: int, label: str) -> str:
-    return (f'<svg class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
-            f'aria-label="{_e(label)}" preserveAspectRatio="xMinYMin meet">')
-
-
-def _y_axis(ticks: list[float], width: int, ml: int, mr: int, mt: int, ph: float, y_title: str | None) -> list[str]:
-    """Grid lines, tick labels and the rotated title of a vertical value axis."""
-    top = ticks[-1]
-    out = []
-    for t in ticks:
-        y = mt + ph - ph * t / top
-        out.append(f'<line class="grid" x1="{ml}" x2="{width - mr}" y1="{y:.1f}" y2="{y:.1f}"/>'
-                   f'<text class="tick" x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{_tick_label(t)}</text>')
-    if y_title:
-        out.append(f'<text class="axis-title" x="12" y="{mt + ph / 2:.0f}" text-anchor="middle" '
-                   f'transform="rotate(-90 12 {mt + ph / 2:.0f})">{_e(y_title)}</text>')
-    return out
-
-
-def stacked_bar_chart(categories: list[str], series: list[tuple[str, list[float], str]], *,
-                      label: str, width: int = 1040, height: int = 280, y_title: str = "",
-                      category_titles: list[str] | None = None, integer: bool = False) -> str:
-    """Vertical bars, one per category (e.g. a day), stacked by series (name, values, colour)."""
-    ml, mr, mt, mb = 52, 12, 14, 38
-    pw, ph = width - ml - mr, height - mt - mb
-    n = max(len(categories), 1)
-    totals = [sum(s[1][i] for s in series) for i in range(len(categories))]
-    ticks = nice_ticks(max(totals, default=0), integer=integer)
-    top = ticks[-1]
-    out = [_svg_open(width, height, label), *_y_axis(ticks, width, ml, mr, mt, ph, y_title)]
-    band = pw / n
-    bw = max(1.0, min(band * 0.74, 48))
-    every = max(1, math.ceil(n / 16))
-    for i, cat in enumerate(categories):
-        x = ml + band * i + (band - bw) / 2
-        y = mt + ph
-        full = (category_titles or categories)[i]
-        for name, values, color in series:
-            v = values[i]
-            if v <= 0:
-                continue
-            h = ph * v / top
-            y -= h
-            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw:.1f}" height="{h:.1f}" fill="{color}">'
-                       f'<title>{_e(full)} · {_e(name)}: {_tick_label(v)}</title></rect>')
-        if totals[i] > 0 and bw >= 18:
-            out.append(f'<text class="val" x="{x + bw / 2:.1f}" y="{y - 4:.1f}" text-anchor="middle">'
-                       f'{_tick_label(totals[i])}</text>')
-        if i % every == 0:
-            out.append(f'<text class="tick" x="{x + bw / 2:.1f}" y="{mt + ph + 16}" text-anchor="middle">'
-                       f'{_e(cat)}</text>')
-    out.append(f'<line class="axis" x1="{ml}" x2="{width - mr}" y1="{mt + ph}" y2="{mt + ph}"/>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def hbar_chart(labels: list[str], series: list[tuple[str, list[float], str]], *, label: str,
-               width: int = 1040, row: int = 26, label_width: int = 190, max_value: float | None = None,
-               value_labels: list[str] | None = None, axis: bool = True, tick_suffix: str = "",
-               integer: bool = False) -> str:
-    """Horizontal bars, one per label, stacked by series (name, values, colour); the total (or
-    `value_labels[i]`) is written after each bar."""
-    longest = min(28, max((len(lab) for lab in labels), default=0))  # labels are cut at 28 characters
-    ml, mr, mt = max(label_width, int(7 * longest) + 14), 80, 6  # room for the longest label
-    mb = 24 if axis else 4
-    pw = width - ml - mr
-    n = len(labels)
-    height = mt + n * row + mb
-    totals = [sum(s[1][i] for s in series) for i in range(n)]
-    ticks = nice_ticks(max_value if max_value is not None else max(totals, default=0), integer=integer)
-    top = ticks[-1]
-    out = [_svg_open(width, height, label)]
-    if axis:
-        for t in ticks:
-            x = ml + pw * t / top
-            out.append(f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{mt}" y2="{mt + n * row}"/>'
-                       f'<text class="tick" x="{x:.1f}" y="{mt + n * row + 16}" text-anchor="middle">'
-                       f'{_tick_label(t)}{_e(tick_suffix)}</text>')
-    for i, lab in enumerate(labels):
-        y = mt + i * row
-        short = lab if len(lab) <= 28 else lab[:27] + "…"
-        out.append(f'<text class="lab" x="{ml - 8}" y="{y + row / 2 + 4:.1f}" text-anchor="end">'
-                   f'<title>{_e(lab)}</title>{_e(short)}</text>')
-        x = float(ml)
-        for name, values, color in series:
-            v = values[i]
-            if v <= 0:
-                continue
-            w = pw * v / top
-            out.append(f'<rect x="{x:.1f}" y="{y + 4}" width="{w:.1f}" height="{row - 8}" fill="{color}">'
-                       f'<title>{_e(lab)} · {_e(name)}: {_tick_label(v)}</title></rect>')
-            x += w
-        text = value_labels[i] if value_labels else _tick_label(totals[i])
-        out.append(f'<text class="val" x="{x + 6:.1f}" y="{y + row / 2 + 4:.1f}">{_e(text)}</text>')
-    out.append(f'<line class="axis" x1="{ml}" x2="{ml}" y1="{mt}" y2="{mt + n * row}"/>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def line_chart(categories: list[str], series: list[tuple[str, list[float], str]], *, label: str,
-               width: int = 1040, height: int = 220, y_title: str = "",
-               category_titles: list[str] | None = None) -> str:
-    """One polyline per series (name, values, colour) over shared categories."""
-    ml, mr, mt, mb = 52, 12, 14, 38
-    pw, ph = width - ml - mr, height - mt - mb
-    n = max(len(categories), 1)
-    ticks = nice_ticks(max((v for s in series for v in s[1]), default=0))
-    top = ticks[-1]
-    out = [_svg_open(width, height, label), *_y_axis(ticks, width, ml, mr, mt, ph, y_title)]
-    band = pw / n
-    every = max(1, math.ceil(n / 16))
-    xs = [ml + band * i + band / 2 for i in range(n)]
-    for i, cat in enumerate(categories):
-        if i % every == 0:
-            out.append(f'<text class="tick" x="{xs[i]:.1f}" y="{mt + ph + 16}" text-anchor="middle">{_e(cat)}</text>')
-    for name, values, color in series:
-        pts = [(xs[i], mt + ph - ph * v / top) for i, v in enumerate(values)]
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2.5" stroke-linejoin="round" '
-                   f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in pts)}"/>')
-        if n <= 62:
-            for i, (x, y) in enumerate(pts):
-                full = (category_titles or categories)[i]
-                out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}">'
-                           f'<title>{_e(full)} · {_e(name)}: {_tick_label(values[i])}</title></circle>')
-    out.append(f'<line class="axis" x1="{ml}" x2="{width - mr}" y1="{mt + ph}" y2="{mt + ph}"/>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def legend(items: list[tuple[str, str]]) -> str:
-    return '<ul class="legend">' + "".join(
-        f'<li><span class="sw" style="background:{c}"></span>{_e(n)}</li>' for n, c in items) + "</ul>"
 
 
 # --------------------------------------------------------------------------- pieces
@@ -273,11 +73,10 @@ white-space:nowrap}
 .more{color:var(--muted);font-size:12px;margin-top:6px}
 td.nw{white-space:nowrap}td.when{font-size:12px;color:var(--muted)}
 .evrow{margin:0 0 6px}.jobs{font-size:12px;color:var(--muted)}
+.flag{font-weight:650;white-space:nowrap}.flag.up{color:#b2182b}.flag.down{color:#117733}
+tr.flagged td{background:#fff6f4}
 footer{color:var(--muted);font-size:12px;text-align:center;padding:10px 0 24px}
 """
-
-_LIGHT = {"#88CCEE", "#44AA99", "#999933", "#DDCC77", "#BBBBBB", "#EE8866", "#D4D4D4"}
-
 
 def _outcome_colors(counts: pl.DataFrame) -> dict[str, str]:
     """The taxonomy's colour of each outcome in `counts` (largest first); an outcome outside it: OTHER."""
@@ -287,7 +86,7 @@ def _outcome_colors(counts: pl.DataFrame) -> dict[str, str]:
 
 def _chip(outcome: str | None, colors: dict[str, str]) -> str:
     c = colors.get(outcome or "", OTHER)
-    cls = "chip light" if c in _LIGHT else "chip"
+    cls = "chip light" if c in LIGHT else "chip"
     desc = OUTCOMES.get(outcome or "", "")
     return f'<span class="{cls}" style="background:{c}" title="{_e(desc)}">{_e(outcome)}</span>'
 
@@ -325,7 +124,7 @@ def _actions_section(act: pl.DataFrame, rate: dict | None, colors: dict[str, str
     trs = []
     for r in act.head(max_rows).iter_rows(named=True):
         chips = "".join(_chip(o, colors) for o in r["outcomes"])
-        counts = ", ".join(f"{a.replace('_', ' ')} ×{r[a]}" for a in trends.NODE_ACTIONS if r[a])
+        counts = ", ".join(f"{a.replace('_', ' ')} ×{r[a]}" for a in act_mod.NODE_ACTIONS if r[a])
         state = r["state"] + (f" (drained {_ts(r['drained_at'])})" if r["drained_at"] is not None else "")
         cls = "warn" if r["state"] in ("not drained", "back in service") else ""
         trs.append(f'<tr><td class="nw"><code>{_e(r["node"])}</code><br><span class="pill">{_e(r["cluster"])}</span></td>'
@@ -340,6 +139,68 @@ def _actions_section(act: pl.DataFrame, rate: dict | None, colors: dict[str, str
     return _section("Drain / reset list", note, table, "actions")
 
 
+def _rate(k: int, n: int) -> str:
+    return f'{_pct(k / n)} <span class="more">({k:,} / {n:,})</span>' if n else '<span class="more">no jobs</span>'
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}" if x >= 0.001 or x == 0 else f"{x:.2%}"
+
+
+def _flag(r: dict) -> str:
+    if r["flag"] == "up":
+        return f'<span class="flag up">▲ up</span> <span class="more">p={r["p_up"]:.1g}</span>'
+    if r["flag"] == "down":
+        return f'<span class="flag down">▼ down</span> <span class="more">p={r["p_down"]:.1g}</span>'
+    return ""
+
+
+def _change(x: float | None) -> str:
+    return "new" if x is None else f"×{x:.2g}" if x < 10 else f"×{x:.0f}"
+
+
+def _compare_section(vs: cmp.Comparison | None, colors: dict[str, str], max_nodes: int = 12) -> str:
+    """The last 24 h against the 7 days before: per outcome, cluster and blamed node."""
+    title = "Last 24 hours against the previous 7 days"
+    if vs is None:
+        return _section(title, "", '<p class="empty">no jobs table: the rates need their denominator</p>', "compare")
+    base = (f"{vs.baseline_days:g} of 7 days hold jobs" if vs.baseline_days < 7 else "7 days")
+    note = (f"Last 24 h: jobs ending {_e(_ts(vs.now - cmp.RECENT))} – {_e(_ts(vs.now))} "
+            f"({vs.recent_jobs:,} job attempts); baseline: the 7 days before ({_e(base)}). Rate = failures / job "
+            "attempts at risk (for a node: the jobs that ran on it, counting confident hardware, network and "
+            f"infrastructure blames). A change is {_e(cmp.RULE)}.")
+    rows = vs.rows
+    if rows.height == 0:
+        return _section(title, note, '<p class="empty">no jobs in the last 8 days</p>', "compare")
+
+    def table(kind: str, head: str, label, limit: int | None = None) -> str:
+        part = rows.filter(pl.col("kind") == kind)
+        if kind == "node":  # only nodes blamed in the last 24 h, or flagged
+            part = part.filter((pl.col("recent") > 0) | (pl.col("flag") != ""))
+        if part.height == 0:
+            return f'<h3 class="sub">{head}</h3><p class="empty">none in the last 24 h</p>'
+        shown = part.head(limit) if limit else part
+        trs = "".join(
+            f'<tr class="{"flagged" if r["flag"] else ""}"><td>{label(r)}</td>'
+            f'<td class="n">{_rate(r["recent"], r["recent_jobs"])}</td>'
+            f'<td class="n">{_rate(r["base"], r["base_jobs"])}</td>'
+            f'<td class="n">{_change(r["change"]) if r["recent_jobs"] and r["base_jobs"] else "—"}</td>'
+            f'<td class="nw">{_flag(r)}</td></tr>' for r in shown.iter_rows(named=True))
+        more = f'<p class="more">and {part.height - limit} more</p>' if limit and part.height > limit else ""
+        return (f'<h3 class="sub">{head}</h3><table><thead><tr><th>{kind}</th><th class="n">last 24 h</th>'
+                '<th class="n">previous 7 days</th><th class="n">change</th><th>flag</th></tr></thead>'
+                f'<tbody>{trs}</tbody></table>{more}')
+
+    body = (table("outcome", "By outcome (share of all job attempts)", lambda r: _chip(r["key"], colors))
+            + '<div class="two"><div>'
+            + table("cluster", "By cluster (failed job attempts)", lambda r: f'<span class="pill">{_e(r["key"])}</span>')
+            + '</div><div>'
+            + table("node", "Blamed nodes (jobs that ran on the node)",
+                    lambda r: f'<code>{_e(r["key"])}</code> <span class="pill">{_e(r["cluster"])}</span>', max_nodes)
+            + "</div></div>")
+    return _section(title, note, body, "compare")
+
+
 def _section(title: str, note: str, body: str, sid: str) -> str:
     n = f'<p class="note">{note}</p>' if note else ""
     return f'<section id="{sid}"><h2>{_e(title)}</h2>{n}{body}</section>'
@@ -351,11 +212,15 @@ def render_report(diagnoses: pl.DataFrame, *, outcome_day: pl.DataFrame | None =
                   lemons: pl.DataFrame | None = None,
                   title: str = "faultline — fleet failure report", generated_at: datetime | str | None = None,
                   lemon_window_days: float = 7, lemon_k: int = 3, top_nodes: int = 15,
-                  max_rows: int = 50, actions: pl.DataFrame | None = None, rate: dict | None = None) -> str:
+                  max_rows: int = 50, actions: pl.DataFrame | None = None, rate: dict | None = None,
+                  comparison: cmp.Comparison | None = None, jobs: pl.DataFrame | None = None) -> str:
     """One self-contained HTML page. Trend frames not given are computed from `diagnoses`
     (a TABLES["diagnoses"] frame; reduced to one verdict per job attempt with `trends.current`).
+    The last-24-hours comparison needs `comparison` or the `jobs` table (its denominator).
     Output depends only on the arguments: `generated_at` defaults to the newest `diagnosed_at`."""
     d = trends.current(diagnoses)
+    if comparison is None and jobs is not None:
+        comparison = cmp.of(jobs, d)
     od = outcome_day if outcome_day is not None else trends.outcome_day(d)
     lem = lemons if lemons is not None else trends.lemons(d, lemon_window_days, lemon_k)
     head = trends.headline(d)
@@ -369,8 +234,9 @@ def render_report(diagnoses: pl.DataFrame, *, outcome_day: pl.DataFrame | None =
             if head["first_end"] is not None else "")
     parts = [f'<header><h1>{_e(title)}</h1><div class="meta">generated {_e(gen)}{span} · clusters: '
              f'{_e(", ".join(clusters) or "—")}</div></header><main>']
-    parts.append(_headline(head, by_outcome, lem))
-    parts.append(_actions_section(actions if actions is not None else trends.actions(d), rate, colors, max_rows))
+    parts.append(_headline(head, by_outcome, lem, rate))
+    parts.append(_compare_section(comparison, colors))
+    parts.append(_actions_section(actions if actions is not None else act_mod.actions(d), rate, colors, max_rows))
     parts.append(_outcomes_section(by_outcome, colors))
     parts.append(_timeline_section(od, colors))
     parts.append(_culprits_section(d, lem, colors, top_nodes, lemon_k, lemon_window_days, max_rows))
@@ -385,12 +251,15 @@ def render_report(diagnoses: pl.DataFrame, *, outcome_day: pl.DataFrame | None =
             + "".join(parts) + "</body></html>\n")
 
 
-def _headline(head: dict, by_outcome: pl.DataFrame, lem: pl.DataFrame) -> str:
+def _headline(head: dict, by_outcome: pl.DataFrame, lem: pl.DataFrame, rate: dict | None = None) -> str:
     failed = by_outcome.filter(pl.col("outcome") != "healthy").sort(["jobs", "outcome"], descending=[True, False])
     top = failed.row(0, named=True) if failed.height else None
     top_s = f'{_e(top["outcome"])} · {top["jobs"]} jobs' if top else "—"
     cards = [
-        ("", "Jobs diagnosed", _num(head["jobs"]), f'{head["healthy"]} healthy'),
+        # the scheduler's denominator when known: "0 healthy" of the diagnosed failures says nothing
+        ("", "Jobs diagnosed", _num(head["jobs"]),
+         f'of {rate["jobs"]:,} job attempts ({rate["rate"]:.1%} failed)' if rate and rate.get("jobs")
+         else f'{head["healthy"]} healthy'),
         ("warn", "Failures", _num(head["failed"]), f'top: {top_s}'),
         ("warn", "GPU-hours lost", _hours(head["gpu_hours_lost"]), "GPUs × run time of failed jobs"),
         ("amb", "Ambiguous", _num(head["ambiguous"]), "verdicts awaiting review"),
@@ -584,73 +453,6 @@ def _coverage_section(d: pl.DataFrame) -> str:
              + f'</tr></thead><tbody>{trs}</tbody></table>')
     return _section("Telemetry coverage", note,
                     legend([(s, STATUS_COLORS[s]) for s in trends.COVERAGE_STATUSES]) + chart + table, "coverage")
-
-
-# --------------------------------------------------------------------------- markdown + file
-
-_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]|#<>"})
-
-
-def _md(x) -> str:
-    """Escape for markdown (pipes, emphasis, links) and for the HTML it is rendered into."""
-    if x is None:
-        return "—"
-    return html.escape(str(x).replace("\n", " "), quote=False).translate(_MD_SPECIAL)
-
-
-def render_markdown(diagnoses: pl.DataFrame, *, lemons: pl.DataFrame | None = None,
-                    report_path: str | os.PathLike | None = None, title: str = "faultline fleet report",
-                    generated_at: datetime | str | None = None, lemon_window_days: float = 7,
-                    lemon_k: int = 3, top: int = 5, actions: pl.DataFrame | None = None,
-                    rate: dict | None = None) -> str:
-    """A short markdown summary (Prefect artifact): headline, the drain/reset list, top outcomes, lemons,
-    ambiguous count, and where the HTML report is."""
-    d = trends.current(diagnoses)
-    head = trends.headline(d)
-    lem = lemons if lemons is not None else trends.lemons(d, lemon_window_days, lemon_k)
-    bo = trends.gpu_hours_lost_by_outcome(d).filter(pl.col("outcome") != "healthy")
-    gen = _ts(generated_at) if generated_at is not None else _ts(d["diagnosed_at"].max() if d.height else None)
-    out = [f"# {_md(title)}", "",
-           f"Generated {_md(gen)}: **{head['jobs']}** jobs diagnosed, **{head['failed']}** failed, "
-           f"**{_hours(head['gpu_hours_lost'])}** GPU-hours lost, **{head['ambiguous']}** ambiguous "
-           f"verdict(s) awaiting review.", ""]
-    if rate:
-        out += [f"{rate['failed']:,} of {rate['jobs']:,} job attempts failed ({rate['rate']:.1%}); "
-                f"{_hours(rate['gpu_hours_failed'])} of {_hours(rate['gpu_hours'])} GPU-hours "
-                f"({rate['gpu_hours_share']:.0%}).", ""]
-    act = actions if actions is not None else trends.actions(d)
-    out += ["## Drain / reset list", ""]
-    if act.height:
-        out += ["| node | cluster | action | why | jobs | first seen | last seen | state |",
-                "|---|---|---|---|---:|---|---|---|"]
-        for r in act.head(top * 4).iter_rows(named=True):
-            out.append(f"| {_md(r['node'])} | {_md(r['cluster'])} | {_md(r['action'])} | {_md(_clip(r['why'], 90))} | "
-                       f"{r['jobs']} | {_md(_ts(r['first_seen']))} | {_md(_ts(r['last_seen']))} | {_md(r['state'])} |")
-        if act.height > top * 4:
-            out.append(f"\nand {act.height - top * 4} more")
-    else:
-        out.append("none")
-    out.append("")
-    if bo.height:
-        out += ["## Top outcomes", "", "| outcome | jobs | GPU-hours lost | share |", "|---|---:|---:|---:|"]
-        out += [f"| {_md(r['outcome'])} | {r['jobs']} | {_hours(r['gpu_hours_lost'])} | {r['share']:.0%} |"
-                for r in bo.head(top).iter_rows(named=True)]
-        out.append("")
-    out += [f"## Lemon nodes (culprit of ≥ {lemon_k} jobs in {lemon_window_days:g} days)", ""]
-    if lem.height:
-        out += ["| node | cluster | jobs | outcomes | last seen |", "|---|---|---:|---|---|"]
-        for r in lem.head(top * 2).iter_rows(named=True):
-            outs = ", ".join(sorted(set(r["outcomes"])))
-            out.append(f"| {_md(r['node'])} | {_md(r['cluster'])} | {r['times_culprit']} | {_md(outs)} | "
-                       f"{_md(_ts(r['last_seen']))} |")
-        if lem.height > top * 2:
-            out.append(f"\nand {lem.height - top * 2} more")
-    else:
-        out.append("none")
-    out.append("")
-    if report_path is not None:
-        out.append(f"Full report: {_md(os.fspath(report_path))}")
-    return "\n".join(out).rstrip() + "\n"
 
 
 def write_report(path: str | os.PathLike, html_text: str) -> Path:
