@@ -8,10 +8,11 @@ from typing import Callable
 import httpx
 
 
-def json_answer(send: Callable[[], httpx.Response], url: str, timeout_s: float,
-                error: type[Exception], retryable: type[Exception],
-                reason: Callable[[httpx.Response], str]) -> object:
-    """`send()`'s decoded JSON body; `retryable(...)` for what a retry may cure, `error(...)` for the rest."""
+def checked_answer(send: Callable[[], httpx.Response], url: str, timeout_s: float,
+                   error: type[Exception], retryable: type[Exception],
+                   reason: Callable[[httpx.Response], str]) -> httpx.Response:
+    """`send()`'s 200 answer; `retryable(...)` for what a retry may cure (timeouts, refused connections,
+    429, 5xx), `error(...)` for the rest, both with the server's reason."""
     try:
         r = send()
     except httpx.TimeoutException:
@@ -22,6 +23,14 @@ def json_answer(send: Callable[[], httpx.Response], url: str, timeout_s: float,
         raise retryable(f"HTTP {r.status_code}: {reason(r)}")
     if r.status_code != 200:
         raise error(f"HTTP {r.status_code}: {reason(r)}")
+    return r
+
+
+def json_answer(send: Callable[[], httpx.Response], url: str, timeout_s: float,
+                error: type[Exception], retryable: type[Exception],
+                reason: Callable[[httpx.Response], str]) -> object:
+    """`send()`'s decoded JSON body (see checked_answer); a body that is not JSON is an `error`."""
+    r = checked_answer(send, url, timeout_s, error, retryable, reason)
     try:
         return r.json()
     except ValueError:

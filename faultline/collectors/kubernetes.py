@@ -43,7 +43,7 @@ import polars as pl
 import tenacity
 import yaml
 
-from faultline.collectors.http import json_answer
+from faultline.collectors.http import checked_answer, json_answer
 from faultline.logparse import TS_DTYPE
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -408,17 +408,8 @@ class KubeClient:
             params["tailLines"] = str(tail_lines)
 
         def once() -> str:
-            try:
-                r = self._send(path, params)
-            except httpx.TimeoutException:
-                raise _Retryable(f"timed out after {self.s.timeout_s:g} s") from None
-            except httpx.TransportError as exc:
-                raise _Retryable(f"cannot reach {self.http.base_url}: {exc or type(exc).__name__}") from None
-            if r.status_code == 429 or r.status_code >= 500:
-                raise _Retryable(f"HTTP {r.status_code}: {status_reason(r)}")
-            if r.status_code != 200:
-                raise KubeError(f"HTTP {r.status_code}: {status_reason(r)}")
-            return r.text
+            return checked_answer(lambda: self._send(path, params), str(self.http.base_url), self.s.timeout_s,
+                                  KubeError, _Retryable, status_reason).text
 
         return self._retried(once)
 
