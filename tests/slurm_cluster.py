@@ -41,9 +41,22 @@ def _wait(what: str, ok, timeout: float = 60, log: Path | None = None) -> None:
     raise RuntimeError(f"{what} did not come up in {timeout:.0f} s\n{tail}")
 
 
+def _with_settings(conf: str, settings: dict[str, str]) -> str:
+    """slurm.conf text with `settings` replacing the lines of the same keys (appended when absent)."""
+    lines = conf.splitlines()
+    for key, value in settings.items():
+        at = [i for i, line in enumerate(lines) if line.split("=", 1)[0] == key]
+        if at:
+            lines[at[0]] = f"{key}={value}"
+        else:
+            lines.insert(len(lines) - 2, f"{key}={value}")  # before the node and partition lines
+    return "\n".join(lines) + "\n"
+
+
 class SlurmCluster:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, conf: dict[str, str] | None = None):
         self.root = Path(root)
+        self.conf = conf or {}  # slurm.conf settings that replace the defaults below
         self.procs: list[subprocess.Popen] = []
         self.pids: list[int] = []  # daemons that fork themselves (munged, slurm*), from their pid files
         self.env = {**os.environ, "SLURM_CONF": str(self.root / "slurm.conf"), "TZ": "UTC"}
@@ -130,7 +143,7 @@ StoragePass=slurmpw
 StorageLoc=slurm_acct_db
 """)
         (r / "slurmdbd.conf").chmod(0o600)
-        (r / "slurm.conf").write_text(f"""ClusterName=faultline
+        (r / "slurm.conf").write_text(_with_settings(f"""ClusterName=faultline
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={self.ports['ctld']}
 SlurmdPort={self.ports['slurmd']}
@@ -167,7 +180,7 @@ SlurmctldTimeout=30
 SlurmdTimeout=60
 NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
-""")
+""", self.conf))
         self._daemon("slurmdbd")
         _wait("slurmdbd", lambda: self._port_open(self.ports["dbd"]), 60, r / "slurmdbd.log")
         self.run("sacctmgr", "-i", "add", "cluster", "faultline", check=False)
