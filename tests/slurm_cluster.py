@@ -78,7 +78,8 @@ class SlurmCluster:
 
     def _pidfile(self, name: str) -> None:
         p = self.root / f"{name}.pid"
-        _wait(f"{name} pid file", p.exists, 30, self.root / f"{name}.log")
+        # the daemon creates the file, then writes its pid: wait for the pid, not the file
+        _wait(f"{name} pid file", lambda: p.exists() and p.read_text().split(), 30, self.root / f"{name}.log")
         self.pids.append(int(p.read_text().split()[0]))
 
     # ------------------------------------------------------------------ start
