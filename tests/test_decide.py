@@ -203,3 +203,68 @@ def test_a_workload_fault_that_names_only_its_gpu_names_that_gpu(write, ruleset)
               "Detected 2 volatile double-bit ECC error(s) in GPU 3.")
     d = diagnose_files([p], ruleset)
     assert d["culprit"]["gpus"] == [] and d["culprit"]["nodes"] == []
+
+
+TORCHRUN_SUMMARY = (
+    "============================================================",
+    "train.py FAILED",
+    "------------------------------------------------------------",
+    "Failures:",
+    "  <NO_OTHER_FAILURES>",
+    "------------------------------------------------------------",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2025-04-02_07:14:09",
+    "  host      : gpu-node-3.cluster",
+    "  rank      : 13 (local_rank: 5)",
+    "  exitcode  : -9 (pid: 48213)",
+    "  error_file: <N/A>",
+    "  traceback : Signal 9 (SIGKILL) received by PID 48213",
+    "============================================================",
+)
+
+
+def test_a_torchrun_summary_entry_gives_its_host_and_rank_to_its_field_lines(write, ruleset):
+    d = diagnose_files([write("job/train.log", *TORCHRUN_SUMMARY)], ruleset)
+    assert d["culprit"]["nodes"] == ["gpu-node-3.cluster"] and d["culprit"]["ranks"] == [13]
+
+
+def test_a_summary_host_far_above_a_field_line_is_not_its_host(write, ruleset):
+    lines = list(TORCHRUN_SUMMARY)
+    lines[10:10] = [f"  step {i} loss 2.{i:03d}" for i in range(8)]  # the host line is now 8+ lines above
+    d = diagnose_files([write("job/train.log", *lines)], ruleset)
+    assert "gpu-node-3.cluster" not in d["culprit"]["nodes"]
+
+
+DESCRIBE_NODE = (
+    "Name:               gpu-pool-b-91xz",
+    "Roles:              <none>",
+    "Labels:             beta.kubernetes.io/arch=amd64",
+    "                    kubernetes.io/hostname=gpu-pool-b-91xz",
+    "                    kubernetes.io/os=linux",
+    "Taints:             node.kubernetes.io/unreachable:NoSchedule",
+    "Conditions:",
+    "  Type             Status    LastHeartbeatTime                 LastTransitionTime                Reason"
+    "              Message",
+    "  ----             ------    -----------------                 ------------------                ------"
+    "              -------",
+    "  MemoryPressure   Unknown   Tue, 04 Mar 2025 02:11:40 +0000   Tue, 04 Mar 2025 02:12:25 +0000   "
+    "NodeStatusUnknown   Kubelet stopped posting node status.",
+    "  Ready            Unknown   Tue, 04 Mar 2025 02:11:40 +0000   Tue, 04 Mar 2025 02:12:25 +0000   "
+    "NodeStatusUnknown   Kubelet stopped posting node status.",
+)
+
+
+def test_kubectl_describe_node_conditions_are_the_described_nodes(write, ruleset):
+    d = diagnose_files([write("describe.txt", *DESCRIBE_NODE)], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["gpu-pool-b-91xz"]
+
+
+def test_a_pods_node_line_heads_its_events_not_an_earlier_nodes_description(write, ruleset):
+    pod = ("Name:             trainer-worker-2",
+           "Namespace:        team-a",
+           "Node:             gpu-pool-b-40aa/10.8.3.17",
+           "Events:",
+           "  Warning  NodeNotReady  2m  node-controller  Node is not ready")
+    d = diagnose_files([write("describe.txt", *DESCRIBE_NODE[:4], "", *pod)], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["gpu-pool-b-40aa"]

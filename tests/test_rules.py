@@ -97,6 +97,13 @@ def test_loader_reports_every_problem_with_file_and_line(tmp_path):
             description: y
             match: {log: {literals: ["abc"], regex: "abc"}}
             emits: {symptom: s, role: root, domain: hardware, implicates: self, outcome: gpu_hardware}
+          - id: ok.bad_places
+            title: x
+            description: y
+            match: {log: {literals: ["abc"], regex: "abc"}}
+            emits: {symptom: h, role: context, domain: unknown, implicates: none, outcome: unknown}
+            places: {symptoms: [no_such_symptom], within: 0, gives: [gpu]}
+            tests: {match: ["abc"]}
         """))
     (pack / "b.yaml").write_text("rules: [\n")
     with pytest.raises(RulesetError) as err:
@@ -104,7 +111,8 @@ def test_loader_reports_every_problem_with_file_and_line(tmp_path):
     text = str(err.value)
     for needle in ("a.yaml:2", "id 'Bad Id'", "does not compile", "emits.role 'boss'", "emits.outcome 'nope'",
                    "implicates=peer needs emits.peer", "3+ characters", "a.yaml:7", "has no tests",
-                   "b.yaml", "not valid YAML"):
+                   "b.yaml", "not valid YAML", "places.within", "places.gives",
+                   "places unknown rule or symptom 'no_such_symptom'"):
         assert needle in text, needle
 
 

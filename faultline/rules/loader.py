@@ -18,7 +18,7 @@ import polars as pl
 import yaml
 
 from faultline import taxonomy
-from faultline.rules.model import Emits, JobMatch, LogMatch, Lookup, Rule, RuleTest, Ruleset
+from faultline.rules.model import Emits, JobMatch, LogMatch, Lookup, Places, Rule, RuleTest, Ruleset
 
 BUILTIN_PACKS = Path(__file__).parent / "packs"
 _GROUP_NAME = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
@@ -96,7 +96,7 @@ class _Builder:
         if status not in taxonomy.STATUSES:
             self.bad(where, f"status {status!r} not in {taxonomy.STATUSES}")
         known = {"id", "title", "status", "description", "references", "match", "emits", "priority",
-                 "supersedes", "supersedes_within", "recoverable", "action", "lookup", "tests", "__line__"}
+                 "supersedes", "supersedes_within", "recoverable", "places", "action", "lookup", "tests", "__line__"}
         for key in raw:
             if key not in known:
                 self.bad(where, f"unknown key {key!r}")
@@ -131,6 +131,8 @@ class _Builder:
         if not isinstance(raw.get("recoverable", False), bool):
             self.bad(where, "recoverable is true or false")
 
+        places = self._places(raw["places"], log, where) if "places" in raw else None
+
         tests = raw.get("tests") or {}
         if metric is not None:  # promtool-style cases: input series, the expected symptom, its absence
             t_match, t_no = (tuple(RuleTest(line="", where=where, metric=c) for c in
@@ -153,9 +155,26 @@ class _Builder:
             pack=pack, path=str(path), emits=emits, log=log, job=job, metric=metric,
             references=tuple(str(r) for r in _as_tuple(raw.get("references"))),
             priority=priority, supersedes=tuple(str(s) for s in _as_tuple(raw.get("supersedes"))),
-            supersedes_within=within, recoverable=bool(raw.get("recoverable", False)),
+            supersedes_within=within, recoverable=bool(raw.get("recoverable", False)), places=places,
             action=action, lookup=lookup, tests_match=t_match, tests_no_match=t_no,
         )
+
+    def _places(self, raw, log: LogMatch | None, where) -> Places | None:
+        if not isinstance(raw, dict) or set(raw) - {"symptoms", "within", "gives", "__line__"}:
+            self.bad(where, "places is a mapping of symptoms, within and gives")
+            return None
+        symptoms = tuple(str(s) for s in _as_tuple(raw.get("symptoms")))
+        within, gives = raw.get("within"), tuple(str(g) for g in _as_tuple(raw.get("gives")))
+        if log is None:
+            self.bad(where, "places needs a log match (a header line)")
+        if not symptoms:
+            self.bad(where, "places.symptoms: name the symptoms of the block's lines")
+        if not isinstance(within, int) or not 1 <= within <= 1000:
+            self.bad(where, "places.within must be a whole number of lines (1..1000)")
+            within = 1
+        if not gives or set(gives) - {"node", "rank"}:
+            self.bad(where, "places.gives lists node and/or rank")
+        return Places(symptoms=symptoms, within=within, gives=gives)
 
     def _log_match(self, raw, where) -> LogMatch | None:
         if not isinstance(raw, dict):
@@ -365,6 +384,7 @@ def _load_ruleset(dirs: list[Path]) -> Ruleset:
     known |= {row["symptom"] for r in rules.values() if r.lookup for row in r.lookup.rows if row.get("symptom")}
     for r in rules.values():
         targets = [(r.path, "supersedes", t) for t in r.supersedes]
+        targets += [(r.path, "places", t) for t in (r.places.symptoms if r.places else ())]
         if r.lookup:
             targets += [(f"{r.lookup.table} key {row['key']}", "supersedes", t) for row in r.lookup.rows
                         for t in row.get("supersedes", "").split()]

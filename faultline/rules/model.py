@@ -55,6 +55,16 @@ class Emits:
 
 
 @dataclass(frozen=True)
+class Places:
+    """A header line's identity given to the lines of its block: the next `within` lines of the same
+    file that emit one of `symptoms` and lack it take the header's `gives` columns (node, rank)."""
+
+    symptoms: tuple[str, ...]
+    within: int
+    gives: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Lookup:
     """Per-capture-value overrides of `emits` (e.g. Xid code -> outcome, role, action)."""
 
@@ -90,6 +100,7 @@ class Rule:
     supersedes: tuple[str, ...] = ()
     supersedes_within: int = 0  # > 0: supersede only matches in the next N lines of the same file
     recoverable: bool = False  # set aside when the same file shows training progress after it
+    places: Places | None = None  # a block header: gives its node/rank to the block's lines
     action: str = ""
     lookup: Lookup | None = None
     tests_match: tuple[RuleTest, ...] = ()

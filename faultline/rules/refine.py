@@ -150,31 +150,37 @@ def normalize_pci(addr: pl.Expr) -> pl.Expr:
         pl.concat_str([domain, parts.struct.field("2"), parts.struct.field("3")], separator=":"))
 
 
-# The torchrun failure summary prints each failed worker as a block of lines: `host`, then `rank
-# (local_rank)`, then `exitcode`/`traceback` (elastic/multiprocessing/errors/__init__.py). A field line
-# knows only its own value; the entry's host and rank belong to all of them.
-SUMMARY_HOST, SUMMARY_RANK = "torchrun_summary_host", "torchrun_failure_rank"
-SUMMARY_FIELDS = (SUMMARY_RANK, "torchrun_child_failed")
-SUMMARY_SPAN = 6  # lines of one entry
-
-
-def place_summary_entries(symptoms: pl.DataFrame) -> pl.DataFrame:
-    """Give each torchrun summary field line the host and rank of its entry: the nearest host and rank
-    lines above it in the same file, within one entry's span."""
-    fields = symptoms.filter(pl.col("symptom").is_in(SUMMARY_FIELDS))
-    if fields.height == 0:
-        return symptoms
+def place_by_headers(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
+    """Blocks whose header names who: torchrun's failure summary entry (`host`, then `rank (local_rank)`,
+    then `exitcode`/`traceback` lines), `kubectl describe node` (the hostname label, then the Conditions
+    table). A block line knows only its own value; a header rule's `places` gives its node or rank to the
+    lines of the named symptoms within its span below it in the same file, where they have none."""
+    specs: dict = {}
+    for r in ruleset.rules:
+        if r.places is not None:
+            specs.setdefault(r.places, []).append(r.id)
     by = [*KEY, "file"]
-
-    def nearest(symptom: str, col: str, out: str) -> pl.DataFrame:
-        src = symptoms.filter(pl.col("symptom") == symptom).select(*by, "seq", pl.col(col).alias(out)).sort("seq")
-        return (fields.select(*by, "seq").unique().sort("seq")
-                .join_asof(src, on="seq", by=by, strategy="backward", tolerance=SUMMARY_SPAN,
-                           check_sortedness=False))  # sorted by seq above, within every group too
-
-    place = nearest(SUMMARY_HOST, "node", "_host").join(nearest(SUMMARY_RANK, "rank", "_rank"), on=[*by, "seq"])
+    found = []  # per spec: each block line's nearest header above it, with that header's seq
+    for places, header_ids in specs.items():
+        fields = symptoms.filter(pl.col("symptom").is_in(list(places.symptoms)))
+        if fields.height == 0:
+            continue
+        headers = (symptoms.filter(pl.col("rule_id").is_in(header_ids))
+                   .select(*by, "seq", _hseq=pl.col("seq"), _hnode=pl.col("node") if "node" in places.gives
+                           else pl.lit(None, pl.String), _hrank=pl.col("rank") if "rank" in places.gives
+                           else pl.lit(None, symptoms.schema["rank"])).sort("seq"))
+        found.append(fields.select(*by, "seq").unique().sort("seq")
+                     .join_asof(headers, on="seq", by=by, strategy="backward", tolerance=places.within,
+                                check_sortedness=False)  # sorted by seq above, within every group too
+                     .filter(pl.col("_hseq").is_not_null()))
+    if not found:
+        return symptoms
+    # A line under two headers (a pod's description after a node's) belongs to the nearer one.
+    place = pl.concat(found).group_by([*by, "seq"]).agg(
+        *[pl.col(c).filter(pl.col(c).is_not_null()).sort_by(pl.col("_hseq").filter(pl.col(c).is_not_null()))
+          .last() for c in ("_hnode", "_hrank")])
     out = symptoms.join(place, on=[*by, "seq"], how="left", maintain_order="left")
-    return out.with_columns(node=pl.coalesce("node", "_host"), rank=pl.coalesce("rank", "_rank")).drop("_host", "_rank")
+    return out.with_columns(node=pl.coalesce("node", "_hnode"), rank=pl.coalesce("rank", "_hrank")).drop("_hnode", "_hrank")
 
 
 def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None) -> pl.DataFrame:
@@ -191,7 +197,7 @@ def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.D
 
 
 def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None) -> pl.DataFrame:
-    out = supersede(place_summary_entries(symptoms), ruleset)
+    out = supersede(place_by_headers(symptoms, ruleset), ruleset)
     out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress))
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
