@@ -131,6 +131,14 @@ def test_a_link_local_or_cut_peer_address_names_no_node(write, ruleset):
         assert d["culprit"]["nodes"] == [] and "gpu-3" not in d["culprit"]["nodes"], peer
 
 
+def test_a_redacted_host_name_is_no_node_but_its_rank_stays(write, ruleset):
+    for host in ("xxxxxxxx", "XXX.XXX.XXX.XXX", "XXXX-XX"):
+        p = write(f"job-{len(host)}/mpirun.log",
+                  f"mpirun noticed that process rank 1 with PID 20315 on node {host} exited on signal 9 (Killed).")
+        d = diagnose_files([p], ruleset)
+        assert d["culprit"]["nodes"] == [] and d["culprit"]["ranks"] == [1], host
+
+
 def test_a_worker_known_only_by_its_local_rank_is_the_culprit(write, ruleset):
     p = write("job/train.log",
               "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 4101 closing signal SIGTERM",

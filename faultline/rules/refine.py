@@ -129,9 +129,11 @@ def resolve_peers(symptoms: pl.DataFrame) -> pl.DataFrame:
 
 
 # Addresses that cannot name another node: link-local (an `fe80::...%ib0` or 169.254.x every host has),
-# loopback, the unspecified address, and cut or redacted ones (`10.0.0.`, `10.1.*.*`, `<unknown>`).
+# loopback, the unspecified address, and cut or redacted ones (`10.0.0.`, `10.1.*.*`, `<unknown>`,
+# `xxxxxxxx`, `XXX.XXX.XXX.XXX`, `<hostname>`: what people paste in place of their host names).
 _NOT_A_NODE = (r"(?i)^(?:\[?fe80:|169\.254\.|127\.|\[?::1\]?$|\[?::\]?$|localhost$|0\.0\.0\.0$|<?unknown>?$)"
-               r"|%|\*|[.:]$|^\d{1,3}(?:\.\d{1,3}){0,2}$")
+               r"|%|\*|[.:]$|^\d{1,3}(?:\.\d{1,3}){0,2}$"
+               r"|^(?:x{3,}(?:[.\-_:]x+)*|#{3,}|<[a-z_\- ]+>|\[?redacted\]?|hidden)$")
 
 
 def named_peer(peer: pl.Expr) -> pl.Expr:
