@@ -33,6 +33,12 @@ def _own_copy(s: pl.Expr) -> pl.Expr:
     return s.str.replace("^", "")
 
 
+def unquote(line: pl.Expr) -> pl.Expr:
+    """A log quoted in a reply (`> ` or `>> ` before every line: mailing lists, forum and issue replies)
+    reads as the log itself; a quote marker says nothing about who spoke or what failed."""
+    return line.str.replace(r"^(?:>[ \t]?)+", "")
+
+
 @dataclass
 class JobMeta:
     cluster: str = "local"
@@ -107,6 +113,8 @@ class LineCollector:
         n = block.height
         if n == 0:
             return seq0
+        if block["line"].str.starts_with(">").any():
+            block = block.with_columns(line=unquote(pl.col("line")))
         cols = {"source": pl.lit(rep.source), "_fnode": pl.lit(rep.node, pl.String),
                 "_frank": pl.lit(rep.rank, pl.Int32), "_rts": pl.lit(None, TS_DTYPE)}
         extra = {k: v for k, v in cols.items() if k not in block.columns}

@@ -276,3 +276,15 @@ def test_a_pods_node_line_heads_its_events_not_an_earlier_nodes_description(writ
            "  Warning  NodeNotReady  2m  node-controller  Node is not ready")
     d = diagnose_files([write("describe.txt", *DESCRIBE_NODE[:4], "", *pod)], ruleset)
     assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["gpu-pool-b-40aa"]
+
+
+def test_a_log_quoted_in_a_reply_reads_as_the_log(write, ruleset):
+    lines = ("gpu-node-7: [Tue Mar  4 02:11:40 2025] NVRM: Xid (PCI:0000:3b:00): 79, pid=51234, name=python, "
+             "GPU has fallen off the bus.",
+             "gpu-node-2: [Tue Mar  4 02:21:44 2025] python[8812]: step 4100 loss 1.93",
+             watchdog(0, "02:21:44"), watchdog(5, "02:21:45"))
+    plain = diagnose_files([write("plain/train.log", *lines)], ruleset)
+    assert plain["outcome"] == "gpu_hardware" and plain["culprit"]["nodes"] == ["gpu-node-7"]
+    for quote in ("> ", ">> ", "> > "):
+        d = diagnose_files([write(f"q{len(quote)}/train.log", *(quote + x for x in lines))], ruleset)
+        assert (d["outcome"], d["culprit"]) == (plain["outcome"], plain["culprit"]), quote
