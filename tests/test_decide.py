@@ -288,3 +288,21 @@ def test_a_log_quoted_in_a_reply_reads_as_the_log(write, ruleset):
     for quote in ("> ", ">> ", "> > "):
         d = diagnose_files([write(f"q{len(quote)}/train.log", *(quote + x for x in lines))], ruleset)
         assert (d["outcome"], d["culprit"]) == (plain["outcome"], plain["culprit"]), quote
+
+
+def test_a_sigkill_among_the_other_failures_is_the_agents_teardown_not_an_oom(write, ruleset):
+    # rank 2 raised first; torchrun then stopped the others: SIGTERM, SIGKILL 30 s later for rank 0
+    summary = ("train.py FAILED", "-" * 60, "Failures:", "[1]:", "  time      : 2025-04-02_07:14:39",
+               "  host      : gpu-node-3", "  rank      : 0 (local_rank: 0)", "  exitcode  : -9 (pid: 48210)",
+               "  error_file: <N/A>", "  traceback : Signal 9 (SIGKILL) received by PID 48210", "-" * 60,
+               "Root Cause (first observed failure):", "[0]:", "  time      : 2025-04-02_07:14:09",
+               "  host      : gpu-node-3", "  rank      : 2 (local_rank: 2)", "  exitcode  : 1 (pid: 48212)",
+               "  error_file: <N/A>",
+               "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+               "=" * 60)
+    d = diagnose_files([write("job/train.log", *summary)], ruleset)
+    assert d["outcome"] != "host_oom" and 0 not in d["culprit"]["ranks"]
+    # the same SIGKILL as the root-cause entry is read as it always was
+    root = [*summary[:3], "  <NO_OTHER_FAILURES>", *summary[10:16], *summary[7:10], "=" * 60]
+    d = diagnose_files([write("job2/train.log", *root)], ruleset)
+    assert d["outcome"] == "host_oom" and d["culprit"]["ranks"] == [2]

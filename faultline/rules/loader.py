@@ -18,7 +18,7 @@ import polars as pl
 import yaml
 
 from faultline import taxonomy
-from faultline.rules.model import Emits, JobMatch, LogMatch, Lookup, Places, Rule, RuleTest, Ruleset
+from faultline.rules.model import Emits, JobMatch, LogMatch, Lookup, Places, Rule, RuleTest, Ruleset, Section
 
 BUILTIN_PACKS = Path(__file__).parent / "packs"
 _GROUP_NAME = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
@@ -96,7 +96,7 @@ class _Builder:
         if status not in taxonomy.STATUSES:
             self.bad(where, f"status {status!r} not in {taxonomy.STATUSES}")
         known = {"id", "title", "status", "description", "references", "match", "emits", "priority",
-                 "supersedes", "supersedes_within", "recoverable", "places", "action", "lookup", "tests", "__line__"}
+                 "supersedes", "supersedes_within", "recoverable", "places", "section", "action", "lookup", "tests", "__line__"}
         for key in raw:
             if key not in known:
                 self.bad(where, f"unknown key {key!r}")
@@ -132,6 +132,7 @@ class _Builder:
             self.bad(where, "recoverable is true or false")
 
         places = self._places(raw["places"], log, where) if "places" in raw else None
+        section = self._section(raw["section"], log, where) if "section" in raw else None
 
         tests = raw.get("tests") or {}
         if metric is not None:  # promtool-style cases: input series, the expected symptom, its absence
@@ -156,7 +157,7 @@ class _Builder:
             references=tuple(str(r) for r in _as_tuple(raw.get("references"))),
             priority=priority, supersedes=tuple(str(s) for s in _as_tuple(raw.get("supersedes"))),
             supersedes_within=within, recoverable=bool(raw.get("recoverable", False)), places=places,
-            action=action, lookup=lookup, tests_match=t_match, tests_no_match=t_no,
+            section=section, action=action, lookup=lookup, tests_match=t_match, tests_no_match=t_no,
         )
 
     def _places(self, raw, log: LogMatch | None, where) -> Places | None:
@@ -175,6 +176,25 @@ class _Builder:
         if not gives or set(gives) - {"node", "rank"}:
             self.bad(where, "places.gives lists node and/or rank")
         return Places(symptoms=symptoms, within=within, gives=gives)
+
+    def _section(self, raw, log: LogMatch | None, where) -> Section | None:
+        if not isinstance(raw, dict) or set(raw) - {"symptoms", "within", "role", "implicates", "__line__"}:
+            self.bad(where, "section is a mapping of symptoms, within and (optionally) role and implicates")
+            return None
+        symptoms = tuple(str(s) for s in _as_tuple(raw.get("symptoms")))
+        within, role, implicates = raw.get("within"), str(raw.get("role") or ""), str(raw.get("implicates") or "")
+        if log is None:
+            self.bad(where, "section needs a log match (a header line)")
+        if not symptoms:
+            self.bad(where, "section.symptoms: name the symptoms of the section's lines")
+        if not isinstance(within, int) or not 1 <= within <= 100_000:
+            self.bad(where, "section.within must be a whole number of lines (1..100000)")
+            within = 1
+        if role and role not in taxonomy.ROLES:
+            self.bad(where, f"section.role {role!r} not in {taxonomy.ROLES}")
+        if implicates and implicates not in taxonomy.IMPLICATES:
+            self.bad(where, f"section.implicates {implicates!r} not in {taxonomy.IMPLICATES}")
+        return Section(symptoms=symptoms, within=within, role=role, implicates=implicates)
 
     def _log_match(self, raw, where) -> LogMatch | None:
         if not isinstance(raw, dict):
@@ -385,6 +405,7 @@ def _load_ruleset(dirs: list[Path]) -> Ruleset:
     for r in rules.values():
         targets = [(r.path, "supersedes", t) for t in r.supersedes]
         targets += [(r.path, "places", t) for t in (r.places.symptoms if r.places else ())]
+        targets += [(r.path, "section", t) for t in (r.section.symptoms if r.section else ())]
         if r.lookup:
             targets += [(f"{r.lookup.table} key {row['key']}", "supersedes", t) for row in r.lookup.rows
                         for t in row.get("supersedes", "").split()]

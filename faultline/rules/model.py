@@ -65,6 +65,17 @@ class Places:
 
 
 @dataclass(frozen=True)
+class Section:
+    """A section header: lines of `symptoms` below it in the same file (within `within` lines, up to the
+    next section header of theirs) take `role` and `implicates`; a header with neither ends the section above."""
+
+    symptoms: tuple[str, ...]
+    within: int
+    role: str = ""
+    implicates: str = ""  # and whom they blame (`none`: victims' lines name no culprit)
+
+
+@dataclass(frozen=True)
 class Lookup:
     """Per-capture-value overrides of `emits` (e.g. Xid code -> outcome, role, action)."""
 
@@ -101,6 +112,7 @@ class Rule:
     supersedes_within: int = 0  # > 0: supersede only matches in the next N lines of the same file
     recoverable: bool = False  # set aside when the same file shows training progress after it
     places: Places | None = None  # a block header: gives its node/rank to the block's lines
+    section: Section | None = None  # a section header: sets the role of the section's lines
     action: str = ""
     lookup: Lookup | None = None
     tests_match: tuple[RuleTest, ...] = ()

@@ -185,6 +185,36 @@ def place_by_headers(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
     return out.with_columns(node=pl.coalesce("node", "_hnode"), rank=pl.coalesce("rank", "_hrank")).drop("_hnode", "_hrank")
 
 
+def set_roles_by_section(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
+    """Sections whose header says what their lines are: torchrun's failure summary lists `Failures:`
+    (other workers: those it stopped after the first failure, SIGTERM then SIGKILL 30 s later, among
+    them) before `Root Cause (first observed failure):`. A line of a section's symptoms takes the role and
+    implicates of the nearest section header above it in the same file; a header with neither leaves lines
+    as they are."""
+    specs = [(r.id, r.section) for r in ruleset.rules if r.section is not None]
+    if not specs or symptoms.height == 0:
+        return symptoms
+    by = [*KEY, "file"]
+    found = []
+    for rule_id, sec in specs:
+        fields = symptoms.filter(pl.col("symptom").is_in(list(sec.symptoms)))
+        if fields.height == 0:
+            continue
+        headers = (symptoms.filter(pl.col("rule_id") == rule_id)
+                   .select(*by, "seq", _hseq=pl.col("seq"), _hrole=pl.lit(sec.role or None, pl.String),
+                           _himp=pl.lit(sec.implicates or None, pl.String)).sort("seq"))
+        found.append(fields.select(*by, "seq").unique().sort("seq")
+                     .join_asof(headers, on="seq", by=by, strategy="backward", tolerance=sec.within,
+                                check_sortedness=False)  # sorted by seq above, within every group too
+                     .filter(pl.col("_hseq").is_not_null()))
+    if not found:
+        return symptoms
+    nearest = pl.concat(found).sort("_hseq").group_by([*by, "seq"]).agg(pl.col("_hrole", "_himp").last())
+    out = symptoms.join(nearest, on=[*by, "seq"], how="left", maintain_order="left")
+    return out.with_columns(role=pl.coalesce("_hrole", "role"), implicates=pl.coalesce("_himp", "implicates")
+                            ).drop("_hrole", "_himp")
+
+
 def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None) -> pl.DataFrame:
     """A `recoverable` anomaly (one NaN loss or grad-norm warning) that the same file shows training
     progress after (a finite loss, `progress`: job x file -> last such line) was survived: context."""
@@ -199,7 +229,7 @@ def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.D
 
 
 def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None) -> pl.DataFrame:
-    out = supersede(place_by_headers(symptoms, ruleset), ruleset)
+    out = supersede(set_roles_by_section(place_by_headers(symptoms, ruleset), ruleset), ruleset)
     out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress))
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
