@@ -131,6 +131,32 @@ def test_a_link_local_or_cut_peer_address_names_no_node(write, ruleset):
         assert d["culprit"]["nodes"] == [] and "gpu-3" not in d["culprit"]["nodes"], peer
 
 
+def test_a_peer_with_a_port_a_placeholder_or_a_docker_gateway_is_no_node(write, ruleset):
+    ib = ("gpu-3:411:420 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+          "{}<34567> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
+    for peer in ("NODE7_IP", "INFINIBAND-IP", "x.x.x.x", "172.17.0.1", "172.18.0.1"):
+        d = diagnose_files([write(f"job-{peer}/train.log", ib.format(peer))], ruleset)
+        assert d["culprit"]["nodes"] == [], peer
+    # a real private address is still a node (172.16/12 hosts are common), and an uppercase host stays one
+    for peer in ("172.18.4.21", "SHIPYARD01"):
+        d = diagnose_files([write(f"job-{peer}/train.log", ib.format(peer))], ruleset)
+        assert d["culprit"]["nodes"] == [peer], peer
+    # UCX prints the peer as ip:port: the node is the address, not `address:port`
+    ucx = ("[1722990401.208990] [trn-b07:69399:0]           sock.c:116  UCX  ERROR connect(fd=34, "
+           "dest_addr=10.31.4.77:35892) failed: Connection timed out")
+    d = diagnose_files([write("ucx/train.log", ucx)], ruleset)
+    assert d["culprit"]["nodes"] == ["10.31.4.77"]
+
+
+def test_a_peer_that_is_the_printers_own_host_blames_nobody(write, ruleset):
+    p = write("job/train.log",
+              "trn-a11:5120:5188 [1] misc/socket.cc:538 NCCL WARN Net : Connection closed by remote peer "
+              "trn-a11.cluster.internal<47861>")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "network_socket_rendezvous"
+    assert d["culprit"]["nodes"] == [] and d["affected"]["nodes"] == ["trn-a11"]
+
+
 def test_a_worker_known_only_by_its_local_rank_is_the_culprit(write, ruleset):
     p = write("job/train.log",
               "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 4101 closing signal SIGTERM",

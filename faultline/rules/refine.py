@@ -129,15 +129,22 @@ def resolve_peers(symptoms: pl.DataFrame) -> pl.DataFrame:
 
 
 # Addresses that cannot name another node: link-local (an `fe80::...%ib0` or 169.254.x every host has),
-# loopback, the unspecified address, and cut or redacted ones (`10.0.0.`, `10.1.*.*`, `<unknown>`).
+# loopback, the unspecified address, and cut or redacted ones (`10.0.0.`, `10.1.*.*`, `<unknown>`,
+# `x.x.x.x`, a pasted placeholder such as `NODE2_IP` or `INFINIBAND-IP`), and Docker's default bridge
+# gateways (`172.17.0.1`, `172.18.0.1`, ...: the same address on every Docker host, so a peer known by
+# it is "some host's bridge", no node).
 _NOT_A_NODE = (r"(?i)^(?:\[?fe80:|169\.254\.|127\.|\[?::1\]?$|\[?::\]?$|localhost$|0\.0\.0\.0$|<?unknown>?$)"
-               r"|%|\*|[.:]$|^\d{1,3}(?:\.\d{1,3}){0,2}$")
+               r"|%|\*|[.:]$|^\d{1,3}(?:\.\d{1,3}){0,2}$|^x+(?:\.x+){1,3}$|^172\.(?:1[7-9]|2\d|3[01])\.0\.1$"
+               r"|(?-i:^(?:[A-Z0-9]+[_\-])*(?:IP|IPADDR|ADDR|ADDRESS|HOSTNAME)(?:[_\-][A-Z0-9]+)*$)")
 
 
 def named_peer(peer: pl.Expr) -> pl.Expr:
-    """A peer (or a line's own host) as a node name: the address or host itself, unless it is one
-    that cannot name a node (`_NOT_A_NODE`: link-local, loopback, cut)."""
-    bare = peer.str.replace(r"<\d+>$", "")
+    """A peer (or a line's own host) as a node name: the address or host itself without its port
+    (`10.0.0.7<4242>`, `10.0.0.7:4242`, `[fd00::7]:4242`), unless it is one that cannot name a node
+    (`_NOT_A_NODE`: link-local, loopback, cut, redacted)."""
+    bare = (peer.str.replace(r"<\d+>$", "")
+            .str.replace(r"^([^:\[\]]+):\d+$", "${1}")       # host:port / IPv4:port (one colon only)
+            .str.replace(r"^\[([^\]]+)\]:\d+$", "${1}"))     # [IPv6]:port
     return pl.when(bare.str.contains(_NOT_A_NODE)).then(None).otherwise(bare)
 
 
@@ -206,7 +213,11 @@ def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | No
         tier=pl.col("role").replace_strict(ROLE_TIER, return_dtype=pl.Int8),
         # Who a row blames: the printer (self), the resolved peer, or nobody.
         target_node=pl.when(pl.col("implicates") == "self").then(named_peer(pl.col("node")))
-        .when(pl.col("implicates") == "peer").then(pl.coalesce("peer_node", named_peer(pl.col("peer"))))
+        # A "peer" that is the printer's own host (NCCL's proxy socket to a process on the same node,
+        # `Connection closed by remote peer <own fqdn>`) names no other node: the line stays evidence.
+        .when((pl.col("implicates") == "peer")
+              & (pl.coalesce("peer_node", named_peer(pl.col("peer"))) != pl.col("node")).fill_null(True))
+        .then(pl.coalesce("peer_node", named_peer(pl.col("peer"))))
         .otherwise(None),
         target_gpu=pl.when(pl.col("implicates") == "self").then(pl.col("gpu")).otherwise(None),
         # A worker known only by its local rank (torchrun's `local_rank: 3`, `[default3]:`) is a culprit too.
