@@ -229,3 +229,16 @@ def test_a_workload_fault_that_names_only_its_gpu_names_that_gpu(write, ruleset)
               "Detected 2 volatile double-bit ECC error(s) in GPU 3.")
     d = diagnose_files([p], ruleset)
     assert d["culprit"]["gpus"] == [] and d["culprit"]["nodes"] == []
+
+
+def test_a_ras_report_names_the_dead_process_node_through_the_bootstrap_addresses(write, ruleset, tmp_path):
+    for n, node in enumerate(["trn-d01", "trn-d02", "trn-d03"]):
+        write(f"{node}/train.log", f"{node}:4011:4011 [0] NCCL INFO Bootstrap : Using ib0:10.60.2.{40 + n}<0>",
+              *[watchdog(r, "05:00:00", 48211) for r in range(8 * n, 8 * n + 8) if node != "trn-d02"])
+    write("ncclras.txt", "Errors", "======", "", "DEAD",
+          "  1 job process is considered dead (unreachable via the RAS network)",
+          "  Process 218843 on node 10.60.2.41 managing GPUs 0,1,2,3,4,5,6,7")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang"
+    assert d["culprit"]["nodes"] == ["trn-d02"]
+    assert "trn-d01" in d["affected"]["nodes"] and "trn-d03" in d["affected"]["nodes"]
