@@ -242,3 +242,25 @@ def test_a_ras_report_names_the_dead_process_node_through_the_bootstrap_addresse
     assert d["outcome"] == "nccl_timeout_hang"
     assert d["culprit"]["nodes"] == ["trn-d02"]
     assert "trn-d01" in d["affected"]["nodes"] and "trn-d03" in d["affected"]["nodes"]
+
+
+def test_the_one_rank_in_another_collective_at_the_same_seqnum_is_out_of_step(write, ruleset):
+    wd = ("[rank{r}]:[E ProcessGroupNCCL.cpp:563] [Rank {r}] Watchdog caught collective operation timeout: "
+          "WorkNCCL(SeqNum=912, OpType={op}, NumelIn=4096, NumelOut=4096, Timeout(ms)=600000) ran for 600071 "
+          "milliseconds before timing out.")
+    # rank 0 printed nothing (cut out of the excerpt); rank 3 waits in a BROADCAST the others never called
+    p = write("job/train.log", *(wd.format(r=r, op="BROADCAST" if r == 3 else "ALLREDUCE") for r in (1, 2, 3)))
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and not d["ambiguous"]
+    assert d["culprit"]["ranks"] == [3] and d["confidence"] == "medium"
+    assert "another collective at the same SeqNum" in d["confidence_reason"]
+    assert sorted(d["affected"]["ranks"]) == [1, 2]
+    # one against one says nothing about which side took the other path
+    q = write("job2/train.log", *(wd.format(r=r, op="BROADCAST" if r == 3 else "ALLREDUCE") for r in (2, 3)))
+    assert 3 not in diagnose_files([q], ruleset)["culprit"]["ranks"]
+    # SeqNums count per process group: a sub-group's work at the same number is no mismatch
+    sub = ("[rank{r}]:[E ProcessGroupNCCL.cpp:616] [PG ID 2 PG GUID 5(tp) Rank {pr}] Watchdog caught collective "
+           "operation timeout: WorkNCCL(SeqNum=912, OpType=ALLGATHER, NumelIn=1, NumelOut=8, Timeout(ms)=600000) "
+           "ran for 600031 milliseconds before timing out.")
+    lines = [wd.format(r=r, op="ALLREDUCE") for r in (0, 1, 2)] + [sub.format(r=3, pr=1)]
+    assert diagnose_files([write("job3/train.log", *lines)], ruleset)["culprit"]["ranks"] == []
