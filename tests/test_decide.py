@@ -264,3 +264,18 @@ def test_the_one_rank_in_another_collective_at_the_same_seqnum_is_out_of_step(wr
            "ran for 600031 milliseconds before timing out.")
     lines = [wd.format(r=r, op="ALLREDUCE") for r in (0, 1, 2)] + [sub.format(r=3, pr=1)]
     assert diagnose_files([write("job3/train.log", *lines)], ruleset)["culprit"]["ranks"] == []
+
+
+def test_the_rank_that_never_enqueued_the_collective_the_others_wait_in_is_behind(write, ruleset):
+    pr = ("[rank{r}]:[E1003 18:37:01.833621509 ProcessGroupNCCL.cpp:1709] [PG 0 (default_pg) Rank {r}] Timeout at "
+          "NCCL work: 6463, last enqueued NCCL work: {e}, last completed NCCL work: 6462.")
+    dump = ("[rank{r}]:[E1003 18:37:02.1 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID 0(default_pg) Rank {r}] Received a "
+            "dump signal due to a collective timeout from  rank 0 and we will try our best to dump the debug info. "
+            "Last enqueued NCCL work: 6462, last completed NCCL work: 6462.")
+    lines = [pr.format(r=r, e=6463) for r in (0, 1, 2)] + [dump.format(r=3)]
+    d = diagnose_files([write("job/train.log", *lines)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["culprit"]["ranks"] == [3]
+    assert "last enqueued" in d["confidence_reason"]
+    # everyone enqueued and completed alike: nobody is behind
+    even = [pr.format(r=r, e=6463) for r in (0, 1, 2, 3)]
+    assert diagnose_files([write("job2/train.log", *even)], ruleset)["culprit"]["ranks"] == []

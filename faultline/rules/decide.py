@@ -123,6 +123,13 @@ def place_on_single_host(active: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFr
                             node_inferred=fill).drop("only_node", "_others")
 
 
+def _pg() -> pl.Expr:
+    """The process group a watchdog line speaks of (`[PG 1 Rank 0]`, `[PG ID 1 PG GUID 1(tp) Rank 0]`), `-`
+    when its prefix names none (older PyTorch, or the default group)."""
+    return pl.coalesce(_cap("pg"), pl.col("line").str.extract(r"\[PG (?:ID )?(\d+)[^\]]{0,80}? Rank \d+\]"),
+                       pl.lit("-"))
+
+
 def odd_op_ranks(hang: pl.DataFrame) -> pl.DataFrame:
     """Per job, the one rank whose watchdog timed out at the same SeqNum of a process group as the
     others but in another collective (`BROADCAST` where the rest wait in `ALLREDUCE`): it took a code
@@ -130,7 +137,7 @@ def odd_op_ranks(hang: pl.DataFrame) -> pl.DataFrame:
     against two or more, one such rank in the job. SeqNums count per process group, so a line with a
     PG id or a group-local rank unlike its global rank is compared only within its group."""
     rows = (hang.select(*KEY, "rank", seq=_cap("seq").cast(pl.Int64, strict=False), op=_cap("op"),
-                        pg=_cap("pg").fill_null("-"), pg_rank=_cap("pg_rank").cast(pl.Int32, strict=False))
+                        pg=_pg(), pg_rank=_cap("pg_rank").cast(pl.Int32, strict=False))
             .filter(pl.col("seq").is_not_null() & pl.col("op").is_not_null() & pl.col("rank").is_not_null()
                     & (pl.col("pg_rank").is_null() | (pl.col("pg_rank") == pl.col("rank"))))
             .unique(subset=[*KEY, "pg", "seq", "rank", "op"]))
@@ -166,6 +173,20 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
     lag = (progress.with_columns(lo=pl.col("lc").min().over(KEY), hi=pl.col("lc").max().over(KEY))
            .filter((pl.col("lc") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")))
            .group_by(KEY).agg(laggards=pl.col("rank").unique().sort()))
+    # All completed the same work: the rank that did not even enqueue the next one (its last enqueued
+    # is lower: it never reached the collective the others wait in, stuck on its own side) is behind.
+    # Work numbers count per process group: compared within one.
+    enq = (hang.with_columns(le=_cap("last_enqueued").cast(pl.Int64, strict=False),
+                             lc=_cap("last_completed").cast(pl.Int64, strict=False), pg=_pg())
+           .filter(pl.col("le").is_not_null() & pl.col("lc").is_not_null() & pl.col("rank").is_not_null())
+           .group_by([*KEY, "pg", "rank"]).agg(pl.col("le").max(), pl.col("lc").max()))
+    by_pg = [*KEY, "pg"]
+    lag_e = (enq.with_columns(lc_lo=pl.col("lc").min().over(by_pg), lc_hi=pl.col("lc").max().over(by_pg),
+                              lo=pl.col("le").min().over(by_pg), hi=pl.col("le").max().over(by_pg))
+             .filter((pl.col("lc_lo") == pl.col("lc_hi")) & (pl.col("le") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")))
+             .group_by(KEY).agg(laggards_e=pl.col("rank").unique().sort()))
+    lag = (lag.join(lag_e, on=KEY, how="full", coalesce=True)
+           .select(*KEY, laggards=pl.coalesce(pl.when(pl.col("laggards").list.len() > 0).then("laggards"), "laggards_e")))
     out = reporting.join(seen, on=KEY, how="left").with_columns(
         seen=pl.col("seen").fill_null(pl.lit([], pl.List(pl.Int32))))
     # Ranks are numbered 0..world-1: the world size, or else a hole below the highest rank
@@ -389,7 +410,7 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("inference") == "silent_seen").then(pl.lit("culprit inferred: the only rank not reporting the timeout")),
         pl.when(pl.col("inference") == "silent_unseen").then(
             pl.lit("the only rank not reporting printed nothing at all: hang or lost node")),
-        pl.when(pl.col("inference") == "laggard").then(pl.lit("culprit inferred: lowest last completed collective")),
+        pl.when(pl.col("inference") == "laggard").then(pl.lit("culprit inferred: lowest last completed (or, all alike, last enqueued) collective")),
         pl.when(pl.col("inference") == "odd_op").then(
             pl.lit("culprit inferred: the only rank in another collective at the same SeqNum (desync)")),
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
