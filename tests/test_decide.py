@@ -279,3 +279,12 @@ def test_the_rank_that_never_enqueued_the_collective_the_others_wait_in_is_behin
     # everyone enqueued and completed alike: nobody is behind
     even = [pr.format(r=r, e=6463) for r in (0, 1, 2, 3)]
     assert diagnose_files([write("job2/train.log", *even)], ruleset)["culprit"]["ranks"] == []
+
+
+def test_a_peer_address_is_the_ec2_node_whose_default_host_name_spells_it(write, ruleset, tmp_path):
+    write("ip-10-1-33-7/train.log", "ip-10-1-33-7:1200:1200 [0] NCCL INFO cudaDriverVersion 12040")
+    write("ip-10-1-40-9/train.log",
+          "ip-10-1-40-9:2210:2290 [3] misc/socket.cc:538 NCCL WARN Net : Call to recv from 10.1.33.7<41907> failed : "
+          "Connection reset by peer")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["culprit"]["nodes"] == ["ip-10-1-33-7"] and "implicated peer could not" not in d["confidence_reason"]

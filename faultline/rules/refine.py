@@ -108,24 +108,36 @@ def set_aside_by_order(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame
     return out.with_columns(superseded_by=pl.coalesce("superseded_by", "by_rule")).drop("_row", "by_rule")
 
 
-def resolve_peers(symptoms: pl.DataFrame) -> pl.DataFrame:
-    """peer -> peer_node through addresses the job's own lines tie to nodes, or a node name."""
+def resolve_peers(symptoms: pl.DataFrame, stats: pl.DataFrame | None = None) -> pl.DataFrame:
+    """peer -> peer_node through addresses the job's own lines tie to nodes, or a node name (of a
+    symptom, or of any line when `stats`, the per-node line counts, is given)."""
     addr = (symptoms.filter(pl.col("address").is_not_null() & pl.col("node").is_not_null())
             .select(*KEY, key=_normalize_addr(pl.col("address")), peer_node_a=pl.col("node"))
             .unique(subset=[*KEY, "key"], keep="first", maintain_order=True))
-    nodes = symptoms.filter(pl.col("node").is_not_null()).select(*KEY, pl.col("node")).unique()
+    known = [symptoms.filter(pl.col("node").is_not_null()).select(*KEY, pl.col("node"))]
+    if stats is not None and stats.height:
+        known.append(stats.filter(pl.col("node").is_not_null()).select(*KEY, pl.col("node")).cast(known[0].schema))
+    nodes = pl.concat(known).unique()
     by_name = nodes.select(*KEY, key=pl.col("node").str.to_lowercase(), peer_node_n=pl.col("node"))
     by_short = (nodes.select(*KEY, key=_short_host(pl.col("node")), peer_node_s=pl.col("node"))
                 .group_by([*KEY, "key"]).agg(pl.col("peer_node_s").min(), pl.len().alias("n"))
                 .filter(pl.col("n") == 1).drop("n"))  # a short name that fits one node only
+    # EC2's default host names spell the private address (`ip-10-1-33-7` is 10.1.33.7): a peer known
+    # only by its address is that node when the job has it.
+    by_ip = (nodes.with_columns(key=pl.col("node").str.to_lowercase()
+                                .str.extract(r"^ip-(\d{1,3}-\d{1,3}-\d{1,3}-\d{1,3})(?:\.|$)").str.replace_all("-", "."))
+             .filter(pl.col("key").is_not_null()).group_by([*KEY, "key"]).agg(pl.col("node").min().alias("peer_node_i"),
+                                                                             pl.len().alias("n"))
+             .filter(pl.col("n") == 1).drop("n"))
     out = symptoms.with_columns(_peer_key=_normalize_addr(pl.col("peer")))
     out = (out.join(addr, left_on=[*KEY, "_peer_key"], right_on=[*KEY, "key"], how="left", maintain_order="left")
            .join(by_name, left_on=[*KEY, "_peer_key"], right_on=[*KEY, "key"], how="left", maintain_order="left")
            .with_columns(_peer_short=_short_host(pl.col("_peer_key")))
-           .join(by_short, left_on=[*KEY, "_peer_short"], right_on=[*KEY, "key"], how="left", maintain_order="left"))
+           .join(by_short, left_on=[*KEY, "_peer_short"], right_on=[*KEY, "key"], how="left", maintain_order="left")
+           .join(by_ip, left_on=[*KEY, "_peer_key"], right_on=[*KEY, "key"], how="left", maintain_order="left"))
     return out.with_columns(
-        peer_node=pl.coalesce("peer_node_a", "peer_node_n", "peer_node_s"),
-    ).drop("peer_node_a", "peer_node_n", "peer_node_s", "_peer_key", "_peer_short")
+        peer_node=pl.coalesce("peer_node_a", "peer_node_n", "peer_node_s", "peer_node_i"),
+    ).drop("peer_node_a", "peer_node_n", "peer_node_s", "peer_node_i", "_peer_key", "_peer_short")
 
 
 # Addresses that cannot name another node: link-local (an `fe80::...%ib0` or 169.254.x every host has),
@@ -197,9 +209,10 @@ def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.D
                             ).drop("last_progress")
 
 
-def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None) -> pl.DataFrame:
+def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None,
+           stats: pl.DataFrame | None = None) -> pl.DataFrame:
     out = supersede(place_summary_entries(symptoms), ruleset)
-    out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress))
+    out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress), stats)
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
     named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(
