@@ -138,6 +138,8 @@ def test_a_peer_with_a_port_a_placeholder_or_a_docker_gateway_is_no_node(write, 
         d = diagnose_files([write(f"job-{peer}/train.log", ib.format(peer))], ruleset)
         assert d["culprit"]["nodes"] == [], peer
     # a real private address is still a node (172.16/12 hosts are common), and an uppercase host stays one
+    d = diagnose_files([write("job-mapped/train.log", ib.format("::ffff:10.3.0.48"))], ruleset)
+    assert d["culprit"]["nodes"] == ["10.3.0.48"]  # an IPv4-mapped address is the IPv4 host
     for peer in ("172.18.4.21", "SHIPYARD01"):
         d = diagnose_files([write(f"job-{peer}/train.log", ib.format(peer))], ruleset)
         assert d["culprit"]["nodes"] == [peer], peer

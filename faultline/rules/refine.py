@@ -156,7 +156,8 @@ def named_peer(peer: pl.Expr) -> pl.Expr:
     (`_NOT_A_NODE`: link-local, loopback, cut, redacted)."""
     bare = (peer.str.replace(r"<\d+>$", "")
             .str.replace(r"^([^:\[\]]+):\d+$", "${1}")       # host:port / IPv4:port (one colon only)
-            .str.replace(r"^\[([^\]]+)\]:\d+$", "${1}"))     # [IPv6]:port
+            .str.replace(r"^\[([^\]]+)\]:\d+$", "${1}")      # [IPv6]:port
+            .str.replace(r"^(?i:::ffff:)(\d{1,3}(?:\.\d{1,3}){3})$", "${1}"))  # IPv4-mapped: the IPv4 host
     return pl.when(bare.str.contains(_NOT_A_NODE)).then(None).otherwise(bare)
 
 
