@@ -34,7 +34,7 @@ def run_engine(ev: Evidence, ruleset: Ruleset, decide_cfg: DecideConfig = Decide
     """extract (scheduler rows) -> filter -> refine -> decide -> report, for every job of `ev` at once."""
     symptoms = pl.concat([ev.symptoms, extract_jobs(ev.jobs, ruleset)], how="vertical")
     symptoms = filter_symptoms(symptoms, ev.jobs)
-    refined = refine(symptoms, ruleset, ev.progress)
+    refined = refine(symptoms, ruleset, ev.progress, ev.stats)
     verdict = decide(refined, ev.stats, ev.jobs, decide_cfg, ev.coverage)
     cand = candidates(active_symptoms(refined, ev.stats), decide_cfg)
     meta = {"version": ruleset.version, "packs": list(ruleset.packs)}

@@ -139,6 +139,34 @@ def test_a_redacted_host_name_is_no_node_but_its_rank_stays(write, ruleset):
         assert d["culprit"]["nodes"] == [] and d["culprit"]["ranks"] == [1], host
 
 
+def test_a_peer_with_a_port_a_placeholder_or_a_docker_gateway_is_no_node(write, ruleset):
+    ib = ("gpu-3:411:420 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+          "{}<34567> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
+    for peer in ("NODE7_IP", "INFINIBAND-IP", "x.x.x.x", "172.17.0.1", "172.18.0.1"):
+        d = diagnose_files([write(f"job-{peer}/train.log", ib.format(peer))], ruleset)
+        assert d["culprit"]["nodes"] == [], peer
+    # a real private address is still a node (172.16/12 hosts are common), and an uppercase host stays one
+    d = diagnose_files([write("job-mapped/train.log", ib.format("::ffff:10.3.0.48"))], ruleset)
+    assert d["culprit"]["nodes"] == ["10.3.0.48"]  # an IPv4-mapped address is the IPv4 host
+    for peer in ("172.18.4.21", "SHIPYARD01"):
+        d = diagnose_files([write(f"job-{peer}/train.log", ib.format(peer))], ruleset)
+        assert d["culprit"]["nodes"] == [peer], peer
+    # UCX prints the peer as ip:port: the node is the address, not `address:port`
+    ucx = ("[1722990401.208990] [trn-b07:69399:0]           sock.c:116  UCX  ERROR connect(fd=34, "
+           "dest_addr=10.31.4.77:35892) failed: Connection timed out")
+    d = diagnose_files([write("ucx/train.log", ucx)], ruleset)
+    assert d["culprit"]["nodes"] == ["10.31.4.77"]
+
+
+def test_a_peer_that_is_the_printers_own_host_blames_nobody(write, ruleset):
+    p = write("job/train.log",
+              "trn-a11:5120:5188 [1] misc/socket.cc:538 NCCL WARN Net : Connection closed by remote peer "
+              "trn-a11.cluster.internal<47861>")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "network_socket_rendezvous"
+    assert d["culprit"]["nodes"] == [] and d["affected"]["nodes"] == ["trn-a11"]
+
+
 def test_a_worker_known_only_by_its_local_rank_is_the_culprit(write, ruleset):
     p = write("job/train.log",
               "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 4101 closing signal SIGTERM",
@@ -306,3 +334,62 @@ def test_a_sigkill_among_the_other_failures_is_the_agents_teardown_not_an_oom(wr
     root = [*summary[:3], "  <NO_OTHER_FAILURES>", *summary[10:16], *summary[7:10], "=" * 60]
     d = diagnose_files([write("job2/train.log", *root)], ruleset)
     assert d["outcome"] == "host_oom" and d["culprit"]["ranks"] == [2]
+
+
+def test_a_ras_report_names_the_dead_process_node_through_the_bootstrap_addresses(write, ruleset, tmp_path):
+    for n, node in enumerate(["trn-d01", "trn-d02", "trn-d03"]):
+        write(f"{node}/train.log", f"{node}:4011:4011 [0] NCCL INFO Bootstrap : Using ib0:10.60.2.{40 + n}<0>",
+              *[watchdog(r, "05:00:00", 48211) for r in range(8 * n, 8 * n + 8) if node != "trn-d02"])
+    write("ncclras.txt", "Errors", "======", "", "DEAD",
+          "  1 job process is considered dead (unreachable via the RAS network)",
+          "  Process 218843 on node 10.60.2.41 managing GPUs 0,1,2,3,4,5,6,7")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang"
+    assert d["culprit"]["nodes"] == ["trn-d02"]
+    assert "trn-d01" in d["affected"]["nodes"] and "trn-d03" in d["affected"]["nodes"]
+
+
+def test_the_one_rank_in_another_collective_at_the_same_seqnum_is_out_of_step(write, ruleset):
+    wd = ("[rank{r}]:[E ProcessGroupNCCL.cpp:563] [Rank {r}] Watchdog caught collective operation timeout: "
+          "WorkNCCL(SeqNum=912, OpType={op}, NumelIn=4096, NumelOut=4096, Timeout(ms)=600000) ran for 600071 "
+          "milliseconds before timing out.")
+    # rank 0 printed nothing (cut out of the excerpt); rank 3 waits in a BROADCAST the others never called
+    p = write("job/train.log", *(wd.format(r=r, op="BROADCAST" if r == 3 else "ALLREDUCE") for r in (1, 2, 3)))
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and not d["ambiguous"]
+    assert d["culprit"]["ranks"] == [3] and d["confidence"] == "medium"
+    assert "another collective at the same SeqNum" in d["confidence_reason"]
+    assert sorted(d["affected"]["ranks"]) == [1, 2]
+    # one against one says nothing about which side took the other path
+    q = write("job2/train.log", *(wd.format(r=r, op="BROADCAST" if r == 3 else "ALLREDUCE") for r in (2, 3)))
+    assert 3 not in diagnose_files([q], ruleset)["culprit"]["ranks"]
+    # SeqNums count per process group: a sub-group's work at the same number is no mismatch
+    sub = ("[rank{r}]:[E ProcessGroupNCCL.cpp:616] [PG ID 2 PG GUID 5(tp) Rank {pr}] Watchdog caught collective "
+           "operation timeout: WorkNCCL(SeqNum=912, OpType=ALLGATHER, NumelIn=1, NumelOut=8, Timeout(ms)=600000) "
+           "ran for 600031 milliseconds before timing out.")
+    lines = [wd.format(r=r, op="ALLREDUCE") for r in (0, 1, 2)] + [sub.format(r=3, pr=1)]
+    assert diagnose_files([write("job3/train.log", *lines)], ruleset)["culprit"]["ranks"] == []
+
+
+def test_the_rank_that_never_enqueued_the_collective_the_others_wait_in_is_behind(write, ruleset):
+    pr = ("[rank{r}]:[E1003 18:37:01.833621509 ProcessGroupNCCL.cpp:1709] [PG 0 (default_pg) Rank {r}] Timeout at "
+          "NCCL work: 6463, last enqueued NCCL work: {e}, last completed NCCL work: 6462.")
+    dump = ("[rank{r}]:[E1003 18:37:02.1 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID 0(default_pg) Rank {r}] Received a "
+            "dump signal due to a collective timeout from  rank 0 and we will try our best to dump the debug info. "
+            "Last enqueued NCCL work: 6462, last completed NCCL work: 6462.")
+    lines = [pr.format(r=r, e=6463) for r in (0, 1, 2)] + [dump.format(r=3)]
+    d = diagnose_files([write("job/train.log", *lines)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["culprit"]["ranks"] == [3]
+    assert "last enqueued" in d["confidence_reason"]
+    # everyone enqueued and completed alike: nobody is behind
+    even = [pr.format(r=r, e=6463) for r in (0, 1, 2, 3)]
+    assert diagnose_files([write("job2/train.log", *even)], ruleset)["culprit"]["ranks"] == []
+
+
+def test_a_peer_address_is_the_ec2_node_whose_default_host_name_spells_it(write, ruleset, tmp_path):
+    write("ip-10-1-33-7/train.log", "ip-10-1-33-7:1200:1200 [0] NCCL INFO cudaDriverVersion 12040")
+    write("ip-10-1-40-9/train.log",
+          "ip-10-1-40-9:2210:2290 [3] misc/socket.cc:538 NCCL WARN Net : Call to recv from 10.1.33.7<41907> failed : "
+          "Connection reset by peer")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["culprit"]["nodes"] == ["ip-10-1-33-7"] and "implicated peer could not" not in d["confidence_reason"]

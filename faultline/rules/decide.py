@@ -123,6 +123,34 @@ def place_on_single_host(active: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFr
                             node_inferred=fill).drop("only_node", "_others")
 
 
+def _pg() -> pl.Expr:
+    """The process group a watchdog line speaks of (`[PG 1 Rank 0]`, `[PG ID 1 PG GUID 1(tp) Rank 0]`), `-`
+    when its prefix names none (older PyTorch, or the default group)."""
+    return pl.coalesce(_cap("pg"), pl.col("line").str.extract(r"\[PG (?:ID )?(\d+)[^\]]{0,80}? Rank \d+\]"),
+                       pl.lit("-"))
+
+
+def odd_op_ranks(hang: pl.DataFrame) -> pl.DataFrame:
+    """Per job, the one rank whose watchdog timed out at the same SeqNum of a process group as the
+    others but in another collective (`BROADCAST` where the rest wait in `ALLREDUCE`): it took a code
+    path the others did not, and they wait on it. Only an odd one out counts: two ops with one rank
+    against two or more, one such rank in the job. SeqNums count per process group, so a line with a
+    PG id or a group-local rank unlike its global rank is compared only within its group."""
+    rows = (hang.select(*KEY, "rank", seq=_cap("seq").cast(pl.Int64, strict=False), op=_cap("op"),
+                        pg=_pg(), pg_rank=_cap("pg_rank").cast(pl.Int32, strict=False))
+            .filter(pl.col("seq").is_not_null() & pl.col("op").is_not_null() & pl.col("rank").is_not_null()
+                    & (pl.col("pg_rank").is_null() | (pl.col("pg_rank") == pl.col("rank"))))
+            .unique(subset=[*KEY, "pg", "seq", "rank", "op"]))
+    grp = [*KEY, "pg", "seq"]
+    # a rank seen in two ops at one SeqNum says nothing
+    rows = rows.filter(pl.col("op").n_unique().over([*grp, "rank"]) == 1)
+    ops = rows.group_by([*grp, "op"]).agg(ranks=pl.col("rank").unique(), n=pl.len())
+    ops = ops.with_columns(n_ops=pl.len().over(grp), others=pl.col("n").sum().over(grp) - pl.col("n"))
+    odd = ops.filter((pl.col("n_ops") == 2) & (pl.col("n") == 1) & (pl.col("others") >= 2))
+    return (odd.explode("ranks").group_by(KEY).agg(odd_op=pl.col("ranks").unique().sort())
+            .filter(pl.col("odd_op").list.len() == 1))
+
+
 def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> pl.DataFrame:
     """Per job: the ranks that did not report a collective timeout while the others did, and
     the ranks whose last completed work lags. Columns: silent_seen, silent_unseen, laggards."""
@@ -130,7 +158,7 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
     if hang.height == 0:
         return pl.DataFrame(schema={**{k: active.schema[k] for k in KEY}, "silent_seen": pl.List(pl.Int32),
                                     "silent_unseen": pl.List(pl.Int32), "laggards": pl.List(pl.Int32),
-                                    "suspect_nodes": pl.List(pl.String)})
+                                    "odd_op": pl.List(pl.Int32), "suspect_nodes": pl.List(pl.String)})
     reporting = hang.group_by(KEY).agg(
         reporting=pl.col("rank").drop_nulls().unique(),
         world=_cap("world_size").cast(pl.Int32, strict=False).max(),
@@ -145,6 +173,20 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
     lag = (progress.with_columns(lo=pl.col("lc").min().over(KEY), hi=pl.col("lc").max().over(KEY))
            .filter((pl.col("lc") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")))
            .group_by(KEY).agg(laggards=pl.col("rank").unique().sort()))
+    # All completed the same work: the rank that did not even enqueue the next one (its last enqueued
+    # is lower: it never reached the collective the others wait in, stuck on its own side) is behind.
+    # Work numbers count per process group: compared within one.
+    enq = (hang.with_columns(le=_cap("last_enqueued").cast(pl.Int64, strict=False),
+                             lc=_cap("last_completed").cast(pl.Int64, strict=False), pg=_pg())
+           .filter(pl.col("le").is_not_null() & pl.col("lc").is_not_null() & pl.col("rank").is_not_null())
+           .group_by([*KEY, "pg", "rank"]).agg(pl.col("le").max(), pl.col("lc").max()))
+    by_pg = [*KEY, "pg"]
+    lag_e = (enq.with_columns(lc_lo=pl.col("lc").min().over(by_pg), lc_hi=pl.col("lc").max().over(by_pg),
+                              lo=pl.col("le").min().over(by_pg), hi=pl.col("le").max().over(by_pg))
+             .filter((pl.col("lc_lo") == pl.col("lc_hi")) & (pl.col("le") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")))
+             .group_by(KEY).agg(laggards_e=pl.col("rank").unique().sort()))
+    lag = (lag.join(lag_e, on=KEY, how="full", coalesce=True)
+           .select(*KEY, laggards=pl.coalesce(pl.when(pl.col("laggards").list.len() > 0).then("laggards"), "laggards_e")))
     out = reporting.join(seen, on=KEY, how="left").with_columns(
         seen=pl.col("seen").fill_null(pl.lit([], pl.List(pl.Int32))))
     # Ranks are numbered 0..world-1: the world size, or else a hole below the highest rank
@@ -171,15 +213,18 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
         silent_seen=pl.col("silent_seen").list.concat("covered").list.unique().list.sort(),
         silent_unseen=pl.col("silent_unseen").list.set_difference("covered").list.sort())
     out = out.join(lag, on=KEY, how="left").with_columns(pl.col("laggards").fill_null(pl.lit([], pl.List(pl.Int32))))
+    out = out.join(odd_op_ranks(hang), on=KEY, how="left").with_columns(
+        pl.col("odd_op").cast(pl.List(pl.Int32)).fill_null(pl.lit([], pl.List(pl.Int32))))
     # Where the suspects live: a line that carried both their rank and a node, or their node's block.
-    suspects = out.select(*KEY, r=pl.col("silent_seen").list.concat("laggards")).explode("r").drop_nulls("r")
+    suspects = (out.select(*KEY, r=pl.col("silent_seen").list.concat("laggards").list.concat("odd_op"))
+                .explode("r").drop_nulls("r"))
     known = stats.filter(pl.col("node").is_not_null() & pl.col("rank").is_not_null()).select(*KEY, "node", r="rank")
     direct = suspects.join(known, on=[*KEY, "r"])
     in_block = suspects.join(blocks, on=KEY).filter((pl.col("r") >= pl.col("lo")) & (pl.col("r") <= pl.col("hi")))
     homes = (pl.concat([direct.select(*KEY, "r", "node"), in_block.select(*KEY, "r", "node")])
              .unique().group_by(KEY).agg(suspect_nodes=pl.col("node").unique().sort()))
     return out.join(homes, on=KEY, how="left").select(
-        *KEY, "silent_seen", "silent_unseen", "laggards",
+        *KEY, "silent_seen", "silent_unseen", "laggards", "odd_op",
         suspect_nodes=pl.col("suspect_nodes").fill_null(pl.lit([], pl.List(pl.String))))
 
 
@@ -227,19 +272,23 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         silent_seen=pl.col("silent_seen").fill_null(empty_i),
         silent_unseen=pl.col("silent_unseen").fill_null(empty_i),
         laggards=pl.col("laggards").fill_null(empty_i),
+        odd_op=pl.col("odd_op").fill_null(empty_i),
         suspect_nodes=pl.col("suspect_nodes").fill_null(pl.lit([], pl.List(pl.String))),
         peer_unresolved=pl.col("peer_unresolved").fill_null(False),
         node_inferred=pl.col("node_inferred").fill_null(False),
         confirmed=pl.col("confirmed").fill_null(False),
         ambiguous=pl.col("ambiguous").fill_null(False),
     )
-    # Hang with no direct blame: the one silent rank, else the laggards.
+    # Hang with no direct blame: the one silent rank that kept logging, else the one rank in another
+    # collective at the same SeqNum (the lines show it; a rank that printed nothing may only be cut
+    # out of a pasted excerpt), else the one silent rank that printed nothing, else the laggards.
     is_hang = (pl.col("outcome") == "nccl_timeout_hang") & (pl.col("role") != "root") & (pl.col("culprit_ranks").list.len() == 0) & (pl.col("culprit_nodes").list.len() == 0)
     silent = pl.col("silent_seen").list.concat("silent_unseen")
     verdict = verdict.with_columns(
-        inference=pl.when(is_hang & (silent.list.len() == 1) & (pl.col("silent_unseen").list.len() == 1))
-        .then(pl.lit("silent_unseen"))
-        .when(is_hang & (silent.list.len() == 1)).then(pl.lit("silent_seen"))
+        inference=pl.when(is_hang & (silent.list.len() == 1) & (pl.col("silent_unseen").list.len() == 0))
+        .then(pl.lit("silent_seen"))
+        .when(is_hang & (pl.col("odd_op").list.len() == 1)).then(pl.lit("odd_op"))
+        .when(is_hang & (silent.list.len() == 1)).then(pl.lit("silent_unseen"))
         .when(is_hang & (silent.list.len() == 0) & (pl.col("laggards").list.len() > 0)
               & (pl.col("laggards").list.len() <= 2)).then(pl.lit("laggard"))
         .otherwise(pl.lit(None, pl.String)),
@@ -247,9 +296,10 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
     verdict = verdict.with_columns(
         culprit_ranks=pl.when(pl.col("inference").is_in(["silent_seen", "silent_unseen"])).then(silent)
         .when(pl.col("inference") == "laggard").then(pl.col("laggards"))
+        .when(pl.col("inference") == "odd_op").then(pl.col("odd_op"))
         .otherwise(pl.col("culprit_ranks")),
         # the node the inferred rank lives on, when the logs say (a hang there; not a hardware verdict)
-        culprit_nodes=pl.when(pl.col("inference").is_in(["silent_seen", "laggard"])
+        culprit_nodes=pl.when(pl.col("inference").is_in(["silent_seen", "laggard", "odd_op"])
                               & (pl.col("suspect_nodes").list.len() == 1))
         .then(pl.col("suspect_nodes")).otherwise(pl.col("culprit_nodes")),
         # A rank that printed nothing at all may sit on a dead node: say so, don't choose.
@@ -334,7 +384,7 @@ def _confidence() -> pl.Expr:
              .then(pl.when(pl.col("state") == "COMPLETED").then(2).otherwise(0))
              .when(strong_root | ((pl.col("role") == "root") & pl.col("confirmed"))).then(2)
              .when(pl.col("role").is_in(["root", "confirmation"])).then(1)
-             .when(pl.col("inference").is_in(["silent_seen", "laggard"])).then(1)
+             .when(pl.col("inference").is_in(["silent_seen", "laggard", "odd_op"])).then(1)
              .otherwise(0))
     level = level - pl.col("peer_unresolved").cast(pl.Int32)
     # a node inferred from the job naming one host, not from the line: never enough to drain unasked
@@ -360,7 +410,9 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("inference") == "silent_seen").then(pl.lit("culprit inferred: the only rank not reporting the timeout")),
         pl.when(pl.col("inference") == "silent_unseen").then(
             pl.lit("the only rank not reporting printed nothing at all: hang or lost node")),
-        pl.when(pl.col("inference") == "laggard").then(pl.lit("culprit inferred: lowest last completed collective")),
+        pl.when(pl.col("inference") == "laggard").then(pl.lit("culprit inferred: lowest last completed (or, all alike, last enqueued) collective")),
+        pl.when(pl.col("inference") == "odd_op").then(
+            pl.lit("culprit inferred: the only rank in another collective at the same SeqNum (desync)")),
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
         pl.when(pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0))
         .then(pl.lit("culprit node inferred: the only host the logs name")),

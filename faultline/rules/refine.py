@@ -108,38 +108,58 @@ def set_aside_by_order(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame
     return out.with_columns(superseded_by=pl.coalesce("superseded_by", "by_rule")).drop("_row", "by_rule")
 
 
-def resolve_peers(symptoms: pl.DataFrame) -> pl.DataFrame:
-    """peer -> peer_node through addresses the job's own lines tie to nodes, or a node name."""
+def resolve_peers(symptoms: pl.DataFrame, stats: pl.DataFrame | None = None) -> pl.DataFrame:
+    """peer -> peer_node through addresses the job's own lines tie to nodes, or a node name (of a
+    symptom, or of any line when `stats`, the per-node line counts, is given)."""
     addr = (symptoms.filter(pl.col("address").is_not_null() & pl.col("node").is_not_null())
             .select(*KEY, key=_normalize_addr(pl.col("address")), peer_node_a=pl.col("node"))
             .unique(subset=[*KEY, "key"], keep="first", maintain_order=True))
-    nodes = symptoms.filter(pl.col("node").is_not_null()).select(*KEY, pl.col("node")).unique()
+    known = [symptoms.filter(pl.col("node").is_not_null()).select(*KEY, pl.col("node"))]
+    if stats is not None and stats.height:
+        known.append(stats.filter(pl.col("node").is_not_null()).select(*KEY, pl.col("node")).cast(known[0].schema))
+    nodes = pl.concat(known).unique()
     by_name = nodes.select(*KEY, key=pl.col("node").str.to_lowercase(), peer_node_n=pl.col("node"))
     by_short = (nodes.select(*KEY, key=_short_host(pl.col("node")), peer_node_s=pl.col("node"))
                 .group_by([*KEY, "key"]).agg(pl.col("peer_node_s").min(), pl.len().alias("n"))
                 .filter(pl.col("n") == 1).drop("n"))  # a short name that fits one node only
+    # EC2's default host names spell the private address (`ip-10-1-33-7` is 10.1.33.7): a peer known
+    # only by its address is that node when the job has it.
+    by_ip = (nodes.with_columns(key=pl.col("node").str.to_lowercase()
+                                .str.extract(r"^ip-(\d{1,3}-\d{1,3}-\d{1,3}-\d{1,3})(?:\.|$)").str.replace_all("-", "."))
+             .filter(pl.col("key").is_not_null()).group_by([*KEY, "key"]).agg(pl.col("node").min().alias("peer_node_i"),
+                                                                             pl.len().alias("n"))
+             .filter(pl.col("n") == 1).drop("n"))
     out = symptoms.with_columns(_peer_key=_normalize_addr(pl.col("peer")))
     out = (out.join(addr, left_on=[*KEY, "_peer_key"], right_on=[*KEY, "key"], how="left", maintain_order="left")
            .join(by_name, left_on=[*KEY, "_peer_key"], right_on=[*KEY, "key"], how="left", maintain_order="left")
            .with_columns(_peer_short=_short_host(pl.col("_peer_key")))
-           .join(by_short, left_on=[*KEY, "_peer_short"], right_on=[*KEY, "key"], how="left", maintain_order="left"))
+           .join(by_short, left_on=[*KEY, "_peer_short"], right_on=[*KEY, "key"], how="left", maintain_order="left")
+           .join(by_ip, left_on=[*KEY, "_peer_key"], right_on=[*KEY, "key"], how="left", maintain_order="left"))
     return out.with_columns(
-        peer_node=pl.coalesce("peer_node_a", "peer_node_n", "peer_node_s"),
-    ).drop("peer_node_a", "peer_node_n", "peer_node_s", "_peer_key", "_peer_short")
+        peer_node=pl.coalesce("peer_node_a", "peer_node_n", "peer_node_s", "peer_node_i"),
+    ).drop("peer_node_a", "peer_node_n", "peer_node_s", "peer_node_i", "_peer_key", "_peer_short")
 
 
 # Addresses that cannot name another node: link-local (an `fe80::...%ib0` or 169.254.x every host has),
 # loopback, the unspecified address, and cut or redacted ones (`10.0.0.`, `10.1.*.*`, `<unknown>`,
-# `xxxxxxxx`, `XXX.XXX.XXX.XXX`, `<hostname>`: what people paste in place of their host names).
+# `xxxxxxxx`, `XXX.XXX.XXX.XXX`, `x.x.x.x`, `<hostname>`, `[REDACTED]`, a pasted placeholder such as
+# `NODE2_IP` or `INFINIBAND-IP`: what people paste in place of their host names), and Docker's default
+# bridge gateways (`172.17.0.1`, `172.18.0.1`, ...: the same address on every Docker host, so a peer known
+# by it is "some host's bridge", no node).
 _NOT_A_NODE = (r"(?i)^(?:\[?fe80:|169\.254\.|127\.|\[?::1\]?$|\[?::\]?$|localhost$|0\.0\.0\.0$|<?unknown>?$)"
-               r"|%|\*|[.:]$|^\d{1,3}(?:\.\d{1,3}){0,2}$"
-               r"|^(?:x{3,}(?:[.\-_:]x+)*|#{3,}|<[a-z_\- ]+>|\[?redacted\]?|hidden)$")
+               r"|%|\*|[.:]$|^\d{1,3}(?:\.\d{1,3}){0,2}$|^x+(?:\.x+){1,3}$|^172\.(?:1[7-9]|2\d|3[01])\.0\.1$"
+               r"|^(?:x{3,}(?:[.\-_:]x+)*|#{3,}|<[a-z_\- ]+>|\[?redacted\]?|hidden)$"
+               r"|(?-i:^(?:[A-Z0-9]+[_\-])*(?:IP|IPADDR|ADDR|ADDRESS|HOSTNAME)(?:[_\-][A-Z0-9]+)*$)")
 
 
 def named_peer(peer: pl.Expr) -> pl.Expr:
-    """A peer (or a line's own host) as a node name: the address or host itself, unless it is one
-    that cannot name a node (`_NOT_A_NODE`: link-local, loopback, cut)."""
-    bare = peer.str.replace(r"<\d+>$", "")
+    """A peer (or a line's own host) as a node name: the address or host itself without its port
+    (`10.0.0.7<4242>`, `10.0.0.7:4242`, `[fd00::7]:4242`), unless it is one that cannot name a node
+    (`_NOT_A_NODE`: link-local, loopback, cut, redacted)."""
+    bare = (peer.str.replace(r"<\d+>$", "")
+            .str.replace(r"^([^:\[\]]+):\d+$", "${1}")       # host:port / IPv4:port (one colon only)
+            .str.replace(r"^\[([^\]]+)\]:\d+$", "${1}")      # [IPv6]:port
+            .str.replace(r"^(?i:::ffff:)(\d{1,3}(?:\.\d{1,3}){3})$", "${1}"))  # IPv4-mapped: the IPv4 host
     return pl.when(bare.str.contains(_NOT_A_NODE)).then(None).otherwise(bare)
 
 
@@ -228,9 +248,10 @@ def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.D
                             ).drop("last_progress")
 
 
-def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None) -> pl.DataFrame:
+def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None,
+           stats: pl.DataFrame | None = None) -> pl.DataFrame:
     out = supersede(set_roles_by_section(place_by_headers(symptoms, ruleset), ruleset), ruleset)
-    out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress))
+    out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress), stats)
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
     named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(
@@ -244,7 +265,11 @@ def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | No
         tier=pl.col("role").replace_strict(ROLE_TIER, return_dtype=pl.Int8),
         # Who a row blames: the printer (self), the resolved peer, or nobody.
         target_node=pl.when(pl.col("implicates") == "self").then(named_peer(pl.col("node")))
-        .when(pl.col("implicates") == "peer").then(pl.coalesce("peer_node", named_peer(pl.col("peer"))))
+        # A "peer" that is the printer's own host (NCCL's proxy socket to a process on the same node,
+        # `Connection closed by remote peer <own fqdn>`) names no other node: the line stays evidence.
+        .when((pl.col("implicates") == "peer")
+              & (pl.coalesce("peer_node", named_peer(pl.col("peer"))) != pl.col("node")).fill_null(True))
+        .then(pl.coalesce("peer_node", named_peer(pl.col("peer"))))
         .otherwise(None),
         target_gpu=pl.when(pl.col("implicates") == "self").then(pl.col("gpu")).otherwise(None),
         # A worker known only by its local rank (torchrun's `local_rank: 3`, `[default3]:`) is a culprit too.

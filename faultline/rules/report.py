@@ -127,7 +127,9 @@ def _root_cause(v: dict, row: dict, inferred: list[int]) -> str:
     elif v["_inference"] == "silent_unseen":
         sentence += f"; rank {silent} printed nothing at all: a hang there or a lost node"
     elif v["_inference"] == "laggard":
-        sentence += "; the culprit lags: lowest last completed collective"
+        sentence += "; the culprit lags: lowest last completed (or last enqueued) collective"
+    elif v["_inference"] == "odd_op":
+        sentence += f"; rank {silent} was in another collective at the same SeqNum: out of step (desync)"
     elif where and not v["ambiguous"]:
         sentence += f" (culprit: {'; '.join(where)})"
     return sentence[0].upper() + sentence[1:] if sentence else sentence
