@@ -329,25 +329,23 @@ def _split_arrow(data: bytes, report: FileReport) -> pl.Series | None:
     return lines
 
 
-def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
-                max_line: int = MAX_LINE, max_bytes: int | None = None) -> Iterator[pl.DataFrame]:
-    """Yield frames of lines (column `line`) in file order; memory stays near `block_bytes`. At most
-    `max_bytes` bytes of text (after decompression) are read; past them `report.cut_at` says where."""
-    reader = _Reader(report, max_line)
+def _decode(data: bytes, report: FileReport) -> str:
+    text = data.decode("utf-8", errors="replace")
+    report.replaced_chars += text.count("\ufffd")
+    # Terminal colours (Ray's prefixes, loguru, kubectl) would hide what a line starts with.
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
+def pieces(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES, max_line: int = MAX_LINE,
+           max_bytes: int | None = None) -> Iterator[tuple[list[str], bytes]]:
+    """The file as (lines already decoded, bytes of whole lines) pieces in file order, each piece's decoded
+    lines before its bytes. The bytes end with a line break (or are empty); they are at most about
+    `block_bytes`. Decoded lines are the head of a line longer than `max_line` cut while streaming, and the
+    last line when the file does not end with a break. At most `max_bytes` bytes of text (after
+    decompression) are read; past them `report.cut_at` says where."""
     carry = b""
     head: bytes | None = None  # start of a line that is longer than max_line
     dropped = 0
-
-    def decode(data: bytes) -> str:
-        text = data.decode("utf-8", errors="replace")
-        report.replaced_chars += text.count("\ufffd")
-        # Terminal colours (Ray's prefixes, loguru, kubectl) would hide what a line starts with.
-        return _ANSI.sub("", text) if "\x1b" in text else text
-
-    try:  # a plain file's size picks the line splitter from the start; a compressed one's after 32 MiB
-        size = path.stat().st_size if _KINDS.get(path.suffix.lower()) is None else 0
-    except OSError:
-        size = 0
     with _open(path, max_bytes) as fh:
         while True:
             chunk = fh.read(block_bytes if max_bytes is None else max(0, min(block_bytes, max_bytes - report.bytes)))
@@ -367,33 +365,47 @@ def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
                     dropped += len(data)
                     continue
                 dropped += nl
-                lines.append(decode(head) + TRUNCATED.format(dropped))
+                lines.append(_decode(head, report) + TRUNCATED.format(dropped))
                 report.truncated_lines += 1
                 nl += 2 if data[nl:nl + 2] == b"\r\n" else 1
                 head, dropped, data = None, 0, data[nl:]
             cut = _last_break(data)
             complete, rest = (data[: cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
-            fast = None
-            if complete and (report.bytes >= ARROW_FROM or size >= ARROW_FROM):
-                fast = _split_arrow(complete, report)
-            if fast is not None:
-                lines = pl.concat([pl.Series("line", lines, dtype=pl.String), fast]) if lines else fast
-            elif complete:
-                lines += _split(decode(complete[:-2] if complete.endswith(b"\r\n") else complete[:-1]))
             if len(rest) > max_line * 4:  # an unfinished line this long: keep its head, skip to its end
                 head, dropped = rest[: max_line], len(rest) - max_line
             else:
                 carry = rest
-            if len(lines):
-                yield _frame(lines, reader)
+            if lines or complete:
+                yield lines, complete
     tail: list[str] = []
     if head is not None:
-        tail.append(decode(head) + TRUNCATED.format(dropped))
+        tail.append(_decode(head, report) + TRUNCATED.format(dropped))
         report.truncated_lines += 1
     elif carry:
-        tail.append(decode(carry))
+        tail.append(_decode(carry, report))
     if tail:
-        yield _frame(tail, reader)
+        yield tail, b""
+
+
+def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
+                max_line: int = MAX_LINE, max_bytes: int | None = None) -> Iterator[pl.DataFrame]:
+    """Yield frames of lines (column `line`) in file order; memory stays near `block_bytes`. At most
+    `max_bytes` bytes of text (after decompression) are read; past them `report.cut_at` says where."""
+    reader = _Reader(report, max_line)
+    try:  # a plain file's size picks the line splitter from the start; a compressed one's after 32 MiB
+        size = path.stat().st_size if _KINDS.get(path.suffix.lower()) is None else 0
+    except OSError:
+        size = 0
+    for lines, complete in pieces(path, report, block_bytes, max_line, max_bytes):
+        fast = None
+        if complete and (report.bytes >= ARROW_FROM or size >= ARROW_FROM):
+            fast = _split_arrow(complete, report)
+        if fast is not None:
+            lines = pl.concat([pl.Series("line", lines, dtype=pl.String), fast]) if lines else fast
+        elif complete:
+            lines = lines + _split(_decode(complete[:-2] if complete.endswith(b"\r\n") else complete[:-1], report))
+        if len(lines):
+            yield _frame(lines, reader)
 
 
 def sample_text(path: Path, limit: int = 1 << 20) -> pl.Series:
