@@ -194,7 +194,7 @@ class LineCollector:
             return
         cand = pl.concat(self._pending, how="vertical")
         self._pending.clear()
-        sym = extract_logs(cand.drop("_blk"), self.ruleset, self.literals)
+        sym = extract_logs(cand.drop("_blk"), self.ruleset, self.literals, prefiltered=True)
         if sym.height:
             # the line's local_rank, GPU and time, for symptom lines only (a capture of the rule wins, as in
             # extract; the line's own time wins over the time a source received it)
