@@ -130,7 +130,7 @@ def test_pieces_give_read_blocks_lines(tmp_path):
         p = tmp_path / f"p{k}.log"
         p.write_bytes(data)
         rep = filecol.FileReport(str(p), "applog", None, None)
-        n = sum(len(pre) + (len(filecol._split(b.decode("utf-8", "replace"))) - 1 if b else 0)
+        n = sum(len(pre) + (len(filecol._split(bytes(b).decode("utf-8", "replace"))) - 1 if len(b) else 0)
                 for pre, b in filecol.pieces(p, rep, 128, 40))
         rep2 = filecol.FileReport(str(p), "applog", None, None)
         assert n == sum(f.height for f in filecol.read_blocks(p, rep2, 128, 40))
