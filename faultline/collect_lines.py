@@ -14,10 +14,11 @@ from pathlib import Path
 
 import polars as pl
 
+from faultline import native
 from faultline.collectors import files as filecol
 from faultline.limits import CLI_READ, ReadLimits
 from faultline.evidence import (JOBS_SCHEMA, PROGRESS_SCHEMA, STATS_SCHEMA, Evidence, file_coverage)
-from faultline.logparse import TS_DTYPE, detail_exprs, identity_exprs, progress_lines, with_identity_keys
+from faultline.logparse import PROGRESS, TS_DTYPE, detail_exprs, identity_exprs, progress_lines, with_identity_keys
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
 
@@ -63,6 +64,9 @@ class LineCollector:
         self._symptoms: list[pl.DataFrame] = []
         self._stats: list[pl.DataFrame] = []
         self._progress: list[pl.DataFrame] = []
+        self._dcounts: list[pl.DataFrame] = []  # lines per who-spoke key, from the native scanner
+        self._dcand: list[pl.DataFrame] = []  # candidate lines, from the native scanner
+        self._drows = 0
         self._blocks = 0
         self.bytes_read = 0  # text bytes of all files read so far (the job's ReadLimits count these)
         self.lines_read = 0
@@ -84,7 +88,21 @@ class LineCollector:
         file_cap = limits.file_bytes if filecol.is_compressed(path) else left_bytes
         cap = min(file_cap, left_bytes)
         seq = 0
+        scanner = native.scanner(tuple(self.literals))
         try:
+            if scanner is not None:  # the native pass: no frame of every line
+                limit = max_line + len(filecol.TRUNCATED) + 12  # as files._frame cuts
+                for pre, data in filecol.pieces(path, rep, block_bytes, max_line, max_bytes=cap):
+                    d = native.scan(scanner, pre, data, max_line, limit, max_lines=left_lines)
+                    left_lines -= d.lines
+                    seq = self.add_digest(d, rep, seq)
+                    if left_lines == 0:
+                        rep.status = "error"
+                        rep.reason = f"cut after line {rep.lines}: the job's limit of {limits.job_lines} lines was reached"
+                        break
+                else:
+                    self._cut_note(rep, cap, file_cap, left_bytes)
+                return
             for block in filecol.read_blocks(path, rep, block_bytes, max_line, max_bytes=cap):
                 if block.height >= left_lines:
                     block, left_lines = block.head(left_lines), 0
@@ -96,16 +114,64 @@ class LineCollector:
                     rep.reason = f"cut after line {rep.lines}: the job's limit of {limits.job_lines} lines was reached"
                     break
             else:
-                if rep.cut_at is not None:
-                    which = ("the limit of decompressed bytes per file" if cap == file_cap and cap < left_bytes
-                             else "the job's limit of bytes of text")
-                    rep.status = "error"
-                    rep.reason = f"cut after {rep.cut_at} bytes of text (line {rep.lines}): {which} ({cap} bytes) was reached"
+                self._cut_note(rep, cap, file_cap, left_bytes)
         except filecol.READ_ERRORS as exc:  # unreadable, corrupt archive, ...
             rep.status, rep.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
         finally:
             self.bytes_read += rep.bytes
             self.lines_read += rep.lines
+
+    @staticmethod
+    def _cut_note(rep: filecol.FileReport, cap: int, file_cap: int, left_bytes: int) -> None:
+        if rep.cut_at is not None:
+            which = ("the limit of decompressed bytes per file" if cap == file_cap and cap < left_bytes
+                     else "the job's limit of bytes of text")
+            rep.status = "error"
+            rep.reason = f"cut after {rep.cut_at} bytes of text (line {rep.lines}): {which} ({cap} bytes) was reached"
+
+    def add_digest(self, d: native.Digest, rep: filecol.FileReport, seq0: int) -> int:
+        """One piece of one file as the native scanner saw it (what `add` and `_parse` make of a block's
+        frame, without one). Returns the next seq."""
+        rep.replaced_chars += d.replaced
+        rep.truncated_lines += d.truncated
+        if d.lines == 0:
+            return seq0
+        rep.lines += d.lines
+        fnode, frank = pl.lit(rep.node, pl.String), pl.lit(rep.rank, pl.Int32)
+        keys = pl.Series("_k", d.keys, dtype=pl.String)
+        self._dcounts.append(pl.DataFrame([keys, pl.Series("lines", d.counts, dtype=pl.Int64)])
+                             .with_columns(_fnode=fnode, _frank=frank))
+        if d.cand_index:
+            self._dcand.append(pl.DataFrame([
+                pl.Series("line", d.cand_text, dtype=pl.String), keys.gather(d.cand_key),
+                pl.Series("seq", d.cand_index, dtype=pl.Int64) + seq0]).with_columns(
+                source=pl.lit(rep.source), file=pl.lit(rep.path), _fnode=fnode, _frank=frank,
+                _rts=pl.lit(None, TS_DTYPE), _blk=pl.lit(self._blocks, pl.Int64)))
+        last = d.progress
+        if d.unsure_index:  # non-ASCII lines holding "loss": the regex itself decides
+            unsure = pl.DataFrame({"i": d.unsure_index, "line": d.unsure_text}).filter(
+                pl.col("i") > last, pl.col("line").str.contains(PROGRESS))
+            if unsure.height:
+                last = int(unsure["i"].max())
+        if last >= 0:
+            self._progress.append(pl.DataFrame({**self.key, "file": rep.path, "last_progress": seq0 + last},
+                                               schema={"cluster": pl.String, "job_id": pl.String, "attempt": pl.Int32,
+                                                       "file": pl.String, "last_progress": pl.Int64}))
+        self._blocks += 1
+        self._drows += len(d.keys) + len(d.cand_index)
+        if self._drows >= PARSE_BATCH_ROWS:
+            self._resolve_digests()
+        return seq0 + d.lines
+
+    def _resolve_digests(self) -> None:
+        if not self._dcounts:
+            return
+        counts = pl.concat(self._dcounts, how="vertical")
+        cand = pl.concat(self._dcand, how="vertical") if self._dcand else None
+        self._dcounts.clear()
+        self._dcand.clear()
+        self._drows = 0
+        self._resolve(counts, cand, own=False)
 
     def add(self, block: pl.DataFrame, rep: filecol.FileReport, seq0: int) -> int:
         """One block of one file: column `line`, optionally `_fnode`/`_frank`/`_fsource` (what the client
@@ -136,8 +202,13 @@ class LineCollector:
             return
         cand = pl.concat(self._pending, how="vertical")
         self._pending.clear()
-        sym = extract_logs(cand.drop("_blk"), self.ruleset, self.literals)
+        sym = extract_logs(cand.drop("_blk"), self.ruleset, self.literals, prefiltered=True)
         if sym.height:
+            # the line's local_rank, GPU and time, for symptom lines only (a capture of the rule wins, as in
+            # extract; the line's own time wins over the time a source received it)
+            d = detail_exprs(self.year)
+            sym = sym.with_columns(local_rank=pl.coalesce("local_rank", d["local_rank"]),
+                                   gpu=pl.coalesce("gpu", d["gpu"]), ts=pl.coalesce(d["ts"], "ts"))
             sym = (sym.join(cand.select("file", "seq", "_blk"), on=["file", "seq"], how="left", maintain_order="left")
                    .sort("_blk", maintain_order=True).drop("_blk"))
         self._symptoms.append(sym)
@@ -159,23 +230,33 @@ class LineCollector:
             progress_lines(lines).select(**job, file="file", seq="seq")
             .group_by([*KEY, "file"]).agg(last_progress=pl.col("seq").max()),
             lines.filter(prefilter_expr(self.literals))], engine="streaming")
+        self._progress.append(progress)
+        self._resolve(counts, cand if cand.height else None, own=True)
+
+    def _resolve(self, counts: pl.DataFrame, cand: pl.DataFrame | None, own: bool) -> None:
+        """Node and rank of each distinct key (`counts`: _k, _fnode, _frank, lines) into per-rank stats, and
+        of the candidate lines (`cand`) into the lines extract will read. `own`: the candidates' strings
+        still share their block's buffers (see _own_copy). local_rank, gpu and the line's time are read
+        after extract, from the symptom lines only (_flush)."""
+        job = {"cluster": pl.lit(self.job.cluster), "job_id": pl.lit(self.job.job_id),
+               "attempt": pl.lit(self.job.attempt, pl.Int32)}
         who = counts.select("_k").unique().with_columns(**identity_exprs(column="_k")).with_columns(
             node=_own_copy(pl.col("node")))
         self._stats.append(counts.join(who, on="_k", how="left").select(
             **job, node=pl.coalesce("node", "_fnode"), rank=pl.coalesce("rank", "_frank"), lines="lines"))
-        self._progress.append(progress)
-        if cand.height:
-            d = detail_exprs(self.year)
+        if cand is not None and cand.height:
             cand = (cand.join(who, on="_k", how="left", maintain_order="left")
                     .with_columns(**job, node=pl.coalesce("node", "_fnode"), rank=pl.coalesce("rank", "_frank"),
-                                  local_rank=d["local_rank"], gpu=d["gpu"],
-                                  ts=pl.coalesce(d["ts"], pl.col("_rts"))))  # the line's own time wins
-            self._pending.append(cand.select(*LOG_SCHEMA, "_blk").with_columns(line=_own_copy(pl.col("line"))))
+                                  local_rank=pl.lit(None, pl.Int32), gpu=pl.lit(None, pl.Int32),
+                                  ts=pl.col("_rts").cast(TS_DTYPE)))
+            cand = cand.select(*LOG_SCHEMA, "_blk")
+            self._pending.append(cand.with_columns(line=_own_copy(pl.col("line"))) if own else cand)
             if sum(c.height for c in self._pending) >= EXTRACT_BATCH_ROWS:
                 self._flush()
 
     def evidence(self) -> Evidence:
         self._parse()
+        self._resolve_digests()
         self._flush()
         for rep in self.reports:
             if rep.status == "ok" and rep.lines == 0:

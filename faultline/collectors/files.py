@@ -271,13 +271,16 @@ def _frame(lines: list[str] | pl.Series, reader: _Reader) -> pl.DataFrame:
 
 # A line ends at \n, \r\n or a lone \r: progress bars (tqdm) rewrite one terminal line with \r, and
 # what a crash prints after them (`CUDA out of memory`) must not be lost inside one endless "line".
-def _last_break(data: bytes) -> int:
-    """Index of the last line break; a \r that is the last byte may be half of a \r\n: not yet."""
-    return max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1))
+def _last_break(data: bytes | bytearray, start: int = 0, end: int | None = None) -> int:
+    """Index of the last line break in data[start:end]; a \r that is the last byte may be half of a \r\n:
+    not yet."""
+    end = len(data) if end is None else end
+    return max(data.rfind(b"\n", start, end), data.rfind(b"\r", start, end - 1) if end - 1 > start else -1)
 
 
-def _first_break(data: bytes) -> int:
-    hits = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+def _first_break(data: bytes | bytearray, start: int = 0, end: int | None = None) -> int:
+    end = len(data) if end is None else end
+    hits = [i for i in (data.find(b"\n", start, end), data.find(b"\r", start, end)) if i >= 0]
     return min(hits) if hits else -1
 
 
@@ -329,71 +332,99 @@ def _split_arrow(data: bytes, report: FileReport) -> pl.Series | None:
     return lines
 
 
+def _decode(data: bytes, report: FileReport) -> str:
+    text = data.decode("utf-8", errors="replace")
+    report.replaced_chars += text.count("\ufffd")
+    # Terminal colours (Ray's prefixes, loguru, kubectl) would hide what a line starts with.
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
+def pieces(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES, max_line: int = MAX_LINE,
+           max_bytes: int | None = None) -> Iterator[tuple[list[str], memoryview]]:
+    """The file as (lines already decoded, bytes of whole lines) pieces in file order, each piece's decoded
+    lines before its bytes. The bytes end with a line break (or are empty); they are at most about
+    `block_bytes`, and a view of one buffer that the next piece reuses: use or copy them before asking for
+    it (a fresh 16 MiB bytes object per read, per carry joined and per slice cost more CPU than reading).
+    Decoded lines are the head of a line longer than `max_line` cut while streaming, and the last line when
+    the file does not end with a break. At most `max_bytes` bytes of text (after decompression) are read;
+    past them `report.cut_at` says where."""
+    buf = bytearray(block_bytes + max_line * 4 + 1)  # a kept carry is at most max_line * 4 bytes
+    view = memoryview(buf)
+    kept = 0  # bytes at the start of buf carried over: the start of an unfinished line
+    head: bytes | None = None  # start of a line that is longer than max_line
+    dropped = 0
+    with _open(path, max_bytes) as fh:
+        into = getattr(fh, "readinto", None)
+        while True:
+            want = block_bytes if max_bytes is None else max(0, min(block_bytes, max_bytes - report.bytes))
+            if not want:
+                n = 0
+            elif into is not None:
+                n = into(view[kept:kept + want]) or 0
+            else:
+                chunk = fh.read(want)
+                n = len(chunk)
+                view[kept:kept + n] = chunk
+            if not n:
+                if max_bytes is not None and report.bytes >= max_bytes and (fh.read(1) or getattr(fh, "cut", False)):
+                    report.cut_at = report.bytes  # more text followed: the byte limit stopped the reading
+                break
+            if not report.bytes and (why := looks_binary(bytes(view[kept:kept + min(n, BINARY_PROBE)]))):
+                raise BinaryInput(why)
+            report.bytes += n
+            start, end, kept = 0, kept + n, 0
+            lines: list[str] = []
+            if head is not None:
+                nl = _first_break(buf, start, end)
+                if nl < 0:
+                    dropped += end - start
+                    continue
+                dropped += nl - start
+                lines.append(_decode(head, report) + TRUNCATED.format(dropped))
+                report.truncated_lines += 1
+                nl += 2 if buf[nl] == 13 and nl + 1 < end and buf[nl + 1] == 10 else 1
+                head, dropped, start = None, 0, nl
+            cut = _last_break(buf, start, end)
+            rest = cut + 1 if cut >= 0 else start  # the unfinished line starts here
+            if end - rest > max_line * 4:  # an unfinished line this long: keep its head, skip to its end
+                head, dropped = bytes(buf[rest:rest + max_line]), end - rest - max_line
+            if lines or rest > start:
+                complete = view[start:rest]
+                yield lines, complete
+                complete.release()
+            if head is None and end > rest:  # carried over: moved to the front (same size, no copy of buf)
+                buf[0:end - rest] = buf[rest:end]
+                kept = end - rest
+    tail: list[str] = []
+    if head is not None:
+        tail.append(_decode(head, report) + TRUNCATED.format(dropped))
+        report.truncated_lines += 1
+    elif kept:
+        tail.append(_decode(bytes(buf[:kept]), report))
+    if tail:
+        yield tail, memoryview(b"")
+
+
 def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
                 max_line: int = MAX_LINE, max_bytes: int | None = None) -> Iterator[pl.DataFrame]:
     """Yield frames of lines (column `line`) in file order; memory stays near `block_bytes`. At most
     `max_bytes` bytes of text (after decompression) are read; past them `report.cut_at` says where."""
     reader = _Reader(report, max_line)
-    carry = b""
-    head: bytes | None = None  # start of a line that is longer than max_line
-    dropped = 0
-
-    def decode(data: bytes) -> str:
-        text = data.decode("utf-8", errors="replace")
-        report.replaced_chars += text.count("\ufffd")
-        # Terminal colours (Ray's prefixes, loguru, kubectl) would hide what a line starts with.
-        return _ANSI.sub("", text) if "\x1b" in text else text
-
     try:  # a plain file's size picks the line splitter from the start; a compressed one's after 32 MiB
         size = path.stat().st_size if _KINDS.get(path.suffix.lower()) is None else 0
     except OSError:
         size = 0
-    with _open(path, max_bytes) as fh:
-        while True:
-            chunk = fh.read(block_bytes if max_bytes is None else max(0, min(block_bytes, max_bytes - report.bytes)))
-            if not chunk:
-                if max_bytes is not None and report.bytes >= max_bytes and (fh.read(1) or getattr(fh, "cut", False)):
-                    report.cut_at = report.bytes  # more text followed: the byte limit stopped the reading
-                break
-            if not report.bytes and (why := looks_binary(chunk[:BINARY_PROBE])):
-                raise BinaryInput(why)
-            report.bytes += len(chunk)
-            data = carry + chunk
-            carry = b""
-            lines: list[str] = []
-            if head is not None:
-                nl = _first_break(data)
-                if nl < 0:
-                    dropped += len(data)
-                    continue
-                dropped += nl
-                lines.append(decode(head) + TRUNCATED.format(dropped))
-                report.truncated_lines += 1
-                nl += 2 if data[nl:nl + 2] == b"\r\n" else 1
-                head, dropped, data = None, 0, data[nl:]
-            cut = _last_break(data)
-            complete, rest = (data[: cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
-            fast = None
-            if complete and (report.bytes >= ARROW_FROM or size >= ARROW_FROM):
-                fast = _split_arrow(complete, report)
-            if fast is not None:
-                lines = pl.concat([pl.Series("line", lines, dtype=pl.String), fast]) if lines else fast
-            elif complete:
-                lines += _split(decode(complete[:-2] if complete.endswith(b"\r\n") else complete[:-1]))
-            if len(rest) > max_line * 4:  # an unfinished line this long: keep its head, skip to its end
-                head, dropped = rest[: max_line], len(rest) - max_line
-            else:
-                carry = rest
-            if len(lines):
-                yield _frame(lines, reader)
-    tail: list[str] = []
-    if head is not None:
-        tail.append(decode(head) + TRUNCATED.format(dropped))
-        report.truncated_lines += 1
-    elif carry:
-        tail.append(decode(carry))
-    if tail:
-        yield _frame(tail, reader)
+    for lines, view in pieces(path, report, block_bytes, max_line, max_bytes):
+        complete = bytes(view)  # its own bytes: Arrow's lines point into them, and the view is reused
+        fast = None
+        if complete and (report.bytes >= ARROW_FROM or size >= ARROW_FROM):
+            fast = _split_arrow(complete, report)
+        if fast is not None:
+            lines = pl.concat([pl.Series("line", lines, dtype=pl.String), fast]) if lines else fast
+        elif complete:
+            lines = lines + _split(_decode(complete[:-2] if complete.endswith(b"\r\n") else complete[:-1], report))
+        if len(lines):
+            yield _frame(lines, reader)
 
 
 def sample_text(path: Path, limit: int = 1 << 20) -> pl.Series:
