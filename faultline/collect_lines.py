@@ -88,7 +88,8 @@ class LineCollector:
         file_cap = limits.file_bytes if filecol.is_compressed(path) else left_bytes
         cap = min(file_cap, left_bytes)
         seq = 0
-        scanner = native.scanner(tuple(self.literals))
+        quoted = filecol.looks_quoted(path)  # read by the Polars path, which takes the quote marks off
+        scanner = None if quoted else native.scanner(tuple(self.literals))
         try:
             if scanner is not None:  # the native pass: no frame of every line
                 limit = max_line + len(filecol.TRUNCATED) + 12  # as files._frame cuts
@@ -108,7 +109,7 @@ class LineCollector:
                     block, left_lines = block.head(left_lines), 0
                 else:
                     left_lines -= block.height
-                seq = self.add(block, rep, seq)
+                seq = self.add(block, rep, seq, quoted=quoted)
                 if left_lines == 0:
                     rep.status = "error"
                     rep.reason = f"cut after line {rep.lines}: the job's limit of {limits.job_lines} lines was reached"
@@ -173,13 +174,14 @@ class LineCollector:
         self._drows = 0
         self._resolve(counts, cand, own=False)
 
-    def add(self, block: pl.DataFrame, rep: filecol.FileReport, seq0: int) -> int:
+    def add(self, block: pl.DataFrame, rep: filecol.FileReport, seq0: int, quoted: bool = False) -> int:
         """One block of one file: column `line`, optionally `_fnode`/`_frank`/`_fsource` (what the client
-        said per line) and `_rts` (the time a source received the line). Returns the next seq."""
+        said per line) and `_rts` (the time a source received the line); `quoted`: the file is a quoted
+        log, whose quote marks come off. Returns the next seq."""
         n = block.height
         if n == 0:
             return seq0
-        if block["line"].str.starts_with(">").any():
+        if quoted:
             block = block.with_columns(line=unquote(pl.col("line")))
         cols = {"source": pl.lit(rep.source), "_fnode": pl.lit(rep.node, pl.String),
                 "_frank": pl.lit(rep.rank, pl.Int32), "_rts": pl.lit(None, TS_DTYPE)}

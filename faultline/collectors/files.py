@@ -427,6 +427,17 @@ def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
             yield _frame(lines, reader)
 
 
+QUOTE_SAMPLE = 1 << 16  # bytes read to tell a quoted log
+
+
+def looks_quoted(path: Path) -> bool:
+    """A log pasted as a quote in a reply (mailing lists, forums, issue replies): most of its first lines
+    start with `>`. A log of its own may have a few such lines (Megatron's `> building ...`); a quoted one
+    has them nearly everywhere."""
+    lines = [x for x in sample_text(path, QUOTE_SAMPLE).to_list()[:200] if x.strip()]
+    return len(lines) >= 3 and sum(x.startswith(">") for x in lines) * 2 >= len(lines)
+
+
 def sample_text(path: Path, limit: int = 1 << 20) -> pl.Series:
     """The first `limit` bytes as lines, for cheap hints (year of timestamps); empty on any error."""
     try:
