@@ -138,3 +138,19 @@ def test_megatron_layout_error_on_rank0_is_config_not_a_node(write, ruleset):
               "local_rank: 0 (pid: 4242) of binary: /usr/bin/python")
     d = diagnose_files([p], ruleset)
     assert d["outcome"] == "config_error" and not _drains(d)
+
+
+def test_ctrl_c_alone_is_a_cancel_but_not_over_a_hang(write, ruleset):
+    alone = write("a/train.log", "Traceback (most recent call last):", '  File "train.py", line 88, in <module>',
+                  "KeyboardInterrupt")
+    d = diagnose_files([alone], ruleset)
+    assert d["outcome"] == "scheduler_preemption_cancel" and d["culprit"]["nodes"] == []
+    hung = write("b/train.log",
+                 "[rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout: "
+                 "WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600004 "
+                 "milliseconds before timing out.",
+                 "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: "
+                 "WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 "
+                 "milliseconds before timing out.",
+                 "Traceback (most recent call last):", "KeyboardInterrupt")
+    assert diagnose_files([hung], ruleset)["outcome"] == "nccl_timeout_hang"
