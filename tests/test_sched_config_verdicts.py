@@ -85,15 +85,6 @@ def test_pasted_sacct_rows_read_the_job_row_not_the_steps(write, ruleset):
     assert other["outcome"] != "scheduler_timelimit"
 
 
-def test_task_crash_explains_slurms_cancelled_state(write, ruleset):
-    p = write("slurm.out",
-              "srun: error: cn-0412: task 289: Bus error",
-              "srun: Terminating job step 3495450.0",
-              "slurmstepd: error: *** STEP 3495450.0 ON cn-0001 CANCELLED AT 2021-10-27T20:22:22 ***")
-    d = diagnose_files([p], ruleset, state="CANCELLED")
-    assert d["outcome"] == "segfault_native", d
-
-
 def test_spot_reclaim_names_no_node(write, ruleset):
     p = write("events.txt",
               "49m  Warning  SpotInterrupted  node/ip-10-4-7-19.ec2.internal  Spot interruption warning was triggered",
