@@ -98,8 +98,7 @@ class LineCollector:
                     left_lines -= d.lines
                     seq = self.add_digest(d, rep, seq)
                     if left_lines == 0:
-                        rep.status = "error"
-                        rep.reason = f"cut after line {rep.lines}: the job's limit of {limits.job_lines} lines was reached"
+                        self._line_cut_note(rep, limits)
                         break
                 else:
                     self._cut_note(rep, cap, file_cap, left_bytes)
@@ -111,8 +110,7 @@ class LineCollector:
                     left_lines -= block.height
                 seq = self.add(block, rep, seq, quoted=quoted)
                 if left_lines == 0:
-                    rep.status = "error"
-                    rep.reason = f"cut after line {rep.lines}: the job's limit of {limits.job_lines} lines was reached"
+                    self._line_cut_note(rep, limits)
                     break
             else:
                 self._cut_note(rep, cap, file_cap, left_bytes)
@@ -121,6 +119,11 @@ class LineCollector:
         finally:
             self.bytes_read += rep.bytes
             self.lines_read += rep.lines
+
+    @staticmethod
+    def _line_cut_note(rep: filecol.FileReport, limits: ReadLimits) -> None:
+        rep.status = "error"
+        rep.reason = f"cut after line {rep.lines}: the job's limit of {limits.job_lines} lines was reached"
 
     @staticmethod
     def _cut_note(rep: filecol.FileReport, cap: int, file_cap: int, left_bytes: int) -> None:

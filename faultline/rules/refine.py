@@ -172,33 +172,43 @@ def normalize_pci(addr: pl.Expr) -> pl.Expr:
         pl.concat_str([domain, parts.struct.field("2"), parts.struct.field("3")], separator=":"))
 
 
+def _nearest_header(symptoms: pl.DataFrame, specs: list[tuple[list[str], list[str], int, dict]]) -> pl.DataFrame:
+    """Each line of a spec's `symptoms` with the nearest line of its `header_ids` above it in the same file,
+    within `within` lines: one row per spec that reaches the line (file, seq, `_hseq` the header's seq, and
+    the spec's `cols`, expressions over the header row)."""
+    by = [*KEY, "file"]
+    found = []
+    for symptom_names, header_ids, within, cols in specs:
+        fields = symptoms.filter(pl.col("symptom").is_in(symptom_names))
+        if fields.height == 0:
+            continue
+        headers = (symptoms.filter(pl.col("rule_id").is_in(header_ids))
+                   .select(*by, "seq", _hseq=pl.col("seq"), **cols).sort("seq"))
+        found.append(fields.select(*by, "seq").unique().sort("seq")
+                     .join_asof(headers, on="seq", by=by, strategy="backward", tolerance=within,
+                                check_sortedness=False)  # sorted by seq above, within every group too
+                     .filter(pl.col("_hseq").is_not_null()))
+    return pl.concat(found) if found else pl.DataFrame()
+
+
 def place_by_headers(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
     """Blocks whose header names who: torchrun's failure summary entry (`host`, then `rank (local_rank)`,
     then `exitcode`/`traceback` lines), `kubectl describe node` (the hostname label, then the Conditions
     table). A block line knows only its own value; a header rule's `places` gives its node or rank to the
     lines of the named symptoms within its span below it in the same file, where they have none."""
-    specs: dict = {}
+    grouped: dict = {}
     for r in ruleset.rules:
         if r.places is not None:
-            specs.setdefault(r.places, []).append(r.id)
-    by = [*KEY, "file"]
-    found = []  # per spec: each block line's nearest header above it, with that header's seq
-    for places, header_ids in specs.items():
-        fields = symptoms.filter(pl.col("symptom").is_in(list(places.symptoms)))
-        if fields.height == 0:
-            continue
-        headers = (symptoms.filter(pl.col("rule_id").is_in(header_ids))
-                   .select(*by, "seq", _hseq=pl.col("seq"), _hnode=pl.col("node") if "node" in places.gives
-                           else pl.lit(None, pl.String), _hrank=pl.col("rank") if "rank" in places.gives
-                           else pl.lit(None, symptoms.schema["rank"])).sort("seq"))
-        found.append(fields.select(*by, "seq").unique().sort("seq")
-                     .join_asof(headers, on="seq", by=by, strategy="backward", tolerance=places.within,
-                                check_sortedness=False)  # sorted by seq above, within every group too
-                     .filter(pl.col("_hseq").is_not_null()))
-    if not found:
+            grouped.setdefault(r.places, []).append(r.id)
+    none = {"node": pl.lit(None, pl.String), "rank": pl.lit(None, symptoms.schema["rank"])}
+    found = _nearest_header(symptoms, [
+        (list(p.symptoms), ids, p.within, {f"_h{c}": pl.col(c) if c in p.gives else none[c] for c in ("node", "rank")})
+        for p, ids in grouped.items()])
+    if found.height == 0:
         return symptoms
+    by = [*KEY, "file"]
     # A line under two headers (a pod's description after a node's) belongs to the nearer one.
-    place = pl.concat(found).group_by([*by, "seq"]).agg(
+    place = found.group_by([*by, "seq"]).agg(
         *[pl.col(c).filter(pl.col(c).is_not_null()).sort_by(pl.col("_hseq").filter(pl.col(c).is_not_null()))
           .last() for c in ("_hnode", "_hrank")])
     out = symptoms.join(place, on=[*by, "seq"], how="left", maintain_order="left")
@@ -211,25 +221,16 @@ def set_roles_by_section(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFra
     them) before `Root Cause (first observed failure):`. A line of a section's symptoms takes the role and
     implicates of the nearest section header above it in the same file; a header with neither leaves lines
     as they are."""
-    specs = [(r.id, r.section) for r in ruleset.rules if r.section is not None]
-    if not specs or symptoms.height == 0:
+    if symptoms.height == 0:
+        return symptoms
+    found = _nearest_header(symptoms, [
+        (list(r.section.symptoms), [r.id], r.section.within,
+         {"_hrole": pl.lit(r.section.role or None, pl.String), "_himp": pl.lit(r.section.implicates or None, pl.String)})
+        for r in ruleset.rules if r.section is not None])
+    if found.height == 0:
         return symptoms
     by = [*KEY, "file"]
-    found = []
-    for rule_id, sec in specs:
-        fields = symptoms.filter(pl.col("symptom").is_in(list(sec.symptoms)))
-        if fields.height == 0:
-            continue
-        headers = (symptoms.filter(pl.col("rule_id") == rule_id)
-                   .select(*by, "seq", _hseq=pl.col("seq"), _hrole=pl.lit(sec.role or None, pl.String),
-                           _himp=pl.lit(sec.implicates or None, pl.String)).sort("seq"))
-        found.append(fields.select(*by, "seq").unique().sort("seq")
-                     .join_asof(headers, on="seq", by=by, strategy="backward", tolerance=sec.within,
-                                check_sortedness=False)  # sorted by seq above, within every group too
-                     .filter(pl.col("_hseq").is_not_null()))
-    if not found:
-        return symptoms
-    nearest = pl.concat(found).sort("_hseq").group_by([*by, "seq"]).agg(pl.col("_hrole", "_himp").last())
+    nearest = found.sort("_hseq").group_by([*by, "seq"]).agg(pl.col("_hrole", "_himp").last())
     out = symptoms.join(nearest, on=[*by, "seq"], how="left", maintain_order="left")
     return out.with_columns(role=pl.coalesce("_hrole", "role"), implicates=pl.coalesce("_himp", "implicates")
                             ).drop("_hrole", "_himp")
