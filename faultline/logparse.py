@@ -4,7 +4,7 @@ Pure Polars over a frame of lines; no Python loop over lines. What cannot be
 inferred stays null: a node is never guessed.
 
 Prefixes understood (they may be stacked, e.g. `0: [default0]:[rank0]:[E321 ...]`):
-  pdsh / DeepSpeed       `worker-1: ` / `[hgx-b17] `      -> node (host-like names only)
+  pdsh / DeepSpeed       `worker-1: ` / `10.1.2.3: ` / `[hgx-b17] ` -> node (host-like names, IPv4)
   torchrun               `[rank3]:` / `[default3]:`     -> rank / local_rank
   PyTorch c10d           `[Rank 3]`, `[PG 0 Rank 3]`    -> rank (default group only)
   NCCL                   `host:pid:tid [gpu] NCCL ...`  -> node, gpu
@@ -39,7 +39,10 @@ HOST_WORD_SHORT = r"(?:cn|nid|ip|n)"  # too short to mean a host unless a digit 
 HOST_WORD = r"(?:" + HOST_WORD_LONG + "|" + HOST_WORD_SHORT + ")"
 # letters-only segments may come before the one with the digit: gpu-q-13, node-a-0007
 _HOSTNAME = HOST_WORD + r"[\-_]?(?:[A-Za-z]+[\-_.])*[A-Za-z0-9]*\d[A-Za-z0-9]*(?:[\-.][A-Za-z0-9]+)*"
-_PDSH = r"^(?i:(" + _HOSTNAME + r")): "
+# pdsh (DeepSpeed's multi-node runner) names hosts as the hostfile does, often by IPv4 address
+# (`10.1.2.3: [rank4]: ...`); a loopback (127.x) or unspecified address is never a host.
+_IPV4 = r"(?:25[0-5]|2[0-4]\d|1(?:[013-9]\d|2[0-689])|[1-9]\d?)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}"
+_PDSH = r"^(?i:(" + _HOSTNAME + r"|" + _IPV4 + r")): "
 _BRACKET_HOST = r"^\[(?i:(" + _HOSTNAME + r"))\] "
 _TORCHRUN_RANK = r"\[rank(\d{1,6})\]:"
 _TORCHRUN_LOCAL = r"\[(?:default|trainer|worker)(\d{1,4})\]:"

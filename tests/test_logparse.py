@@ -36,6 +36,11 @@ def utc(*a) -> datetime:
     ("[PG ID 0 PG GUID 0 Rank 5] Watchdog caught collective operation timeout", None, 5, None, None),
     ("Jun  9 11:49:36 dgx-a100-07 kernel: NVRM: Xid (PCI:0000:3b:00): 79", "dgx-a100-07", None, None, None),
     ("gpu-q-13: torch.cuda.OutOfMemoryError: CUDA out of memory.", "gpu-q-13", None, None, None),
+    # pdsh with a hostfile of addresses; an address that is not a host, or a version number, is not one
+    ("10.20.3.41: [rank4]: FileNotFoundError: [Errno 2] No such file", "10.20.3.41", 4, None, None),
+    ("127.0.0.1: [rank0]: hello", None, 0, None, None),
+    ("1.2.3: RuntimeError: x", None, None, None, None),
+    ("10.20.3.41:29500: connect failed", None, None, None, None),
     # grep -r output: the file's name before the syslog line
     ("messages:Jun 17 20:18:08 ip-10-0-3-7 kernel: INFO: task python:881 blocked", "ip-10-0-3-7", None, None, None),
     ("/var/log/syslog:2024-06-09T11:49:36+0000 gpu-a-3 kernel: NVRM: Xid", "gpu-a-3", None, None, None),
