@@ -1,0 +1,24 @@
+from faultline.evaluate import culprit_matches
+
+
+def cul(**kw) -> dict:
+    return {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []} | kw
+
+
+def test_a_node_named_in_the_truth_is_the_culprit():
+    assert culprit_matches("node gpu-17 (its GPU 3)", cul(nodes=["gpu-17"]))
+    assert not culprit_matches("node gpu-17", cul(nodes=["gpu-18"]))
+
+
+def test_ranks_and_tasks_are_the_same_identity():
+    assert culprit_matches("rank 5", cul(ranks=[5]))
+    assert culprit_matches("task 7 (/job:worker/replica:0/task:7)", cul(ranks=[7]))
+    assert culprit_matches("Slurm task 58 on nid002888", cul(ranks=[58]))
+    assert not culprit_matches("task 7", cul(ranks=[8]))
+    assert not culprit_matches("rank 12", cul(ranks=[1]))
+
+
+def test_a_bare_gpu_index_counts_only_without_a_node():
+    assert culprit_matches("GPU 2", cul(gpus=[2]))
+    assert not culprit_matches("GPU 2", cul(gpus=[2], nodes=["node9"]))
+    assert culprit_matches("GPU 0000:3b:00.0", cul(gpu_pci=["0000:3b:00"]))
