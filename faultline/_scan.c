@@ -218,6 +218,40 @@ static int c10d_possible(const uint8_t *p, const uint8_t *end) {
     return n >= 1 && n <= 6 && p < end && *p == ']';
 }
 
+#define BREAK UINT32_MAX
+
+/* An automaton state s >= thr was reached at p: BREAK at a line break, else the line's flags into *fp and
+ * the state to go on from (the root after a byte that is never part of a literal). `end` bounds the
+ * look-arounds. The state goes in and out by value: its address taken, the hot loops would keep it in
+ * memory, and a store and load would join the chain of table lookups. */
+static uint32_t on_event(const Scanner *sc, const uint8_t *ls, const uint8_t *p, const uint8_t *end,
+                         uint32_t s, uint32_t *fp) {
+    uint32_t f = *fp;
+    if (s == sc->brk) return BREAK;
+    if (s == sc->high) { *fp = f | L_HIGH; return 0; }
+    if (s == sc->esc) { *fp = f | L_ESC; return 0; }
+    uint32_t st = s / sc->ncls;
+    uint16_t g = sc->flags[st];
+    if (g & F_LIT) f |= L_LIT;
+    else if ((g & F_VER) && !(f & L_LIT)) {
+        for (int32_t t = sc->vhead[st]; t >= 0 && !(f & L_LIT); t = sc->vnext[t])
+            for (int32_t v = sc->vstart[t]; v < sc->vstart[t + 1]; v++) {
+                int32_t li = sc->vlit[v], rest = sc->litlen[li] - KEEP;
+                const uint8_t *lt = sc->lit[li] + KEEP;
+                if (end - (p + 1) < rest) continue;
+                int32_t j = 0;
+                while (j < rest && lower(p[1 + j]) == lt[j]) j++;
+                if (j == rest) { f |= L_LIT; break; }
+            }
+    }
+    if ((g & F_LOSS) && (!memcmp(p - 3, "loss", 4) || !memcmp(p - 3, "Loss", 4) || !memcmp(p - 3, "LOSS", 4))) f |= L_LOSS;
+    if (g & F_SPB) { f |= L_SPB; if (!(f & L_NCCL) && nccl_possible(ls, p - 1, end)) f |= L_NCCL; }
+    if ((g & F_LRANK) && !memcmp(p - 4, "[rank", 5)) f |= L_LRANK;
+    if ((g & F_RANK) && !memcmp(p - 4, "Rank ", 5)) { f |= L_RANK; if (c10d_possible(p + 1, end)) f |= L_C10D; }
+    *fp = f;
+    return s;
+}
+
 /* The automaton over one line from p: returns the position of the line break (or end); flags in *lf. */
 static const uint8_t *scan_line(const Scanner *sc, const uint8_t *ls, const uint8_t *p, const uint8_t *end,
                                 uint32_t *lf) {
@@ -226,28 +260,7 @@ static const uint8_t *scan_line(const Scanner *sc, const uint8_t *ls, const uint
     uint32_t s = 0, thr = sc->thr, f = 0;
     for (; p < end; p++) {
         s = T[s + cls[*p]];
-        if (s < thr) continue;
-        if (s == sc->brk) break;
-        if (s == sc->high) { f |= L_HIGH; s = 0; continue; }
-        if (s == sc->esc) { f |= L_ESC; s = 0; continue; }
-        uint32_t st = s / sc->ncls;
-        uint16_t g = sc->flags[st];
-        if (g & F_LIT) f |= L_LIT;
-        else if ((g & F_VER) && !(f & L_LIT)) {
-            for (int32_t t = sc->vhead[st]; t >= 0 && !(f & L_LIT); t = sc->vnext[t])
-                for (int32_t v = sc->vstart[t]; v < sc->vstart[t + 1]; v++) {
-                    int32_t li = sc->vlit[v], rest = sc->litlen[li] - KEEP;
-                    const uint8_t *lt = sc->lit[li] + KEEP;
-                    if (end - (p + 1) < rest) continue;
-                    int32_t j = 0;
-                    while (j < rest && lower(p[1 + j]) == lt[j]) j++;
-                    if (j == rest) { f |= L_LIT; break; }
-                }
-        }
-        if ((g & F_LOSS) && (!memcmp(p - 3, "loss", 4) || !memcmp(p - 3, "Loss", 4) || !memcmp(p - 3, "LOSS", 4))) f |= L_LOSS;
-        if (g & F_SPB) { f |= L_SPB; if (!(f & L_NCCL) && nccl_possible(ls, p - 1, end)) f |= L_NCCL; }
-        if ((g & F_LRANK) && !memcmp(p - 4, "[rank", 5)) f |= L_LRANK;
-        if ((g & F_RANK) && !memcmp(p - 4, "Rank ", 5)) { f |= L_RANK; if (c10d_possible(p + 1, end)) f |= L_C10D; }
+        if (s >= thr && (s = on_event(sc, ls, p, end, s, &f)) == BREAK) break;
     }
     *lf = f;
     return p;
@@ -321,7 +334,7 @@ typedef struct { Py_ssize_t idx; const uint8_t *p; Py_ssize_t len; uint32_t key;
 
 typedef struct {
     const Scanner *sc;
-    const uint8_t *start, *end;
+    const uint8_t *base, *start, *end;  /* base: the first byte of the data (start: of this part) */
     int final;                 /* the data is the last bytes of the file (may end without a break) */
     Py_ssize_t max_lines, limit, max_line;
     const uint8_t *th, *tt;    /* the truncation marker around its number */
@@ -330,6 +343,7 @@ typedef struct {
     Entry *tab; uint32_t cap, used;
     Line *cand; Py_ssize_t ncand, candcap;
     Line *unsure; Py_ssize_t nunsure, unsurecap;
+    Line *loss; Py_ssize_t nloss, losscap;  /* ASCII lines holding "loss", for settle_progress */
     Py_ssize_t lines, progress, replaced, truncated;
     Arena arena;
     int oom;
@@ -549,7 +563,10 @@ static int add_line(Part *w, const uint8_t *s, Py_ssize_t n, uint32_t f) {
         w->cand[w->ncand++] = (Line){idx, s, n, (uint32_t)key};
     }
     if (f & L_LOSS) {
-        if (!(f & L_HIGH)) { if (progress_match(s, n)) w->progress = idx; }
+        if (!(f & L_HIGH)) {
+            if (w->nloss == w->losscap && !grow((void **)&w->loss, &w->losscap, sizeof(Line))) return -1;
+            w->loss[w->nloss++] = (Line){idx, s, n, 0};
+        }
         else {
             if (w->nunsure == w->unsurecap && !grow((void **)&w->unsure, &w->unsurecap, sizeof(Line))) return -1;
             w->unsure[w->nunsure++] = (Line){idx, s, n, 0};
@@ -636,27 +653,84 @@ static int finish_line(Part *w, const uint8_t **sp, Py_ssize_t *np, uint32_t *f,
     return 0;
 }
 
-static void *run_part(void *arg) {
-    Part *w = arg;
-    const uint8_t *p = w->start, *end = w->end;
-    while (p < end) {
-        uint32_t f;
-        const uint8_t *ls = p, *le = scan_line(w->sc, ls, p, end, &f);
-        if (le == end && !w->final) break;  /* cannot happen: blocks end with a break */
-        const uint8_t *s = ls;
-        Py_ssize_t n = le - ls;
-        p = le;
-        if (p < end) { p += (*p == '\r' && p + 1 < end && p[1] == '\n') ? 2 : 1; }
-        else if (w->final && n && ls[n - 1] == '\r') n--;
-        if ((f & (L_HIGH | L_ESC)) || n > w->limit) { if (finish_line(w, &s, &n, &f, 1) < 0) { w->oom = 1; break; } }
-        /* past max_lines, lines are still decoded and cut (the counts are the whole piece's) */
-        if ((w->max_lines < 0 || w->lines < w->max_lines) && add_line(w, s, n, f) < 0) { w->oom = 1; break; }
+/* The line [ls, le) of part w is complete (le: its break, or the part's end): decoded, cut, counted.
+ * Returns where the next line starts, or NULL out of memory (w->oom). */
+static const uint8_t *line_done(Part *w, const uint8_t *ls, const uint8_t *le, uint32_t f) {
+    const uint8_t *s = ls, *p = le, *end = w->end;
+    Py_ssize_t n = le - ls;
+    uint32_t raw = f;
+    if (p < end) { p += (*p == '\r' && p + 1 < end && p[1] == '\n') ? 2 : 1; }
+    else if (w->final && n && ls[n - 1] == '\r') n--;
+    if ((f & (L_HIGH | L_ESC)) || n > w->limit) { if (finish_line(w, &s, &n, &f, 1) < 0) { w->oom = 1; return NULL; } }
+    /* The Python path takes ANSI sequences out of the data before it splits: a lone \r, sequences only,
+     * then \n, is one \r\n break there, not a break and an empty line. */
+    if ((raw & L_ESC) && n == 0 && le < end && *le == '\n' && ls > w->base && ls[-1] == '\r') return p;
+    /* past max_lines, lines are still decoded and cut (the counts are the whole piece's) */
+    if ((w->max_lines < 0 || w->lines < w->max_lines) && add_line(w, s, n, f) < 0) { w->oom = 1; return NULL; }
+    return p;
+}
+
+/* The rest of part w, from p inside the line that starts at ls, the automaton in state s with flags f. */
+static void run_from(Part *w, const uint8_t *ls, const uint8_t *p, uint32_t s, uint32_t f) {
+    const Scanner *sc = w->sc;
+    const uint32_t *T = sc->T;
+    const uint8_t *cls = sc->cls, *end = w->end;
+    uint32_t thr = sc->thr;
+    for (;;) {
+        for (; p < end; p++) {
+            s = T[s + cls[*p]];
+            if (s >= thr && (s = on_event(sc, ls, p, end, s, &f)) == BREAK) break;
+        }
+        /* a last line without a break is a line only at the end of the file (blocks end with a break) */
+        if (p >= end) { if (ls < end && w->final) line_done(w, ls, end, f); return; }
+        if (!(p = line_done(w, ls, p, f))) return;
+        ls = p; s = 0; f = 0;
     }
+}
+
+static void run_part(Part *w) { run_from(w, w->start, w->start, 0, 0); }
+
+/* Two parts in one loop, a byte of each per step. Why: the automaton's next state depends on a table
+ * load of the one before (a chain of ~5 cycles a byte); two independent chains overlap in the core. */
+static void run_pair(Part *a, Part *b) {
+    const Scanner *sc = a->sc;
+    const uint32_t *T = sc->T;
+    const uint8_t *cls = sc->cls, *ea = a->end, *eb = b->end;
+    const uint8_t *pa = a->start, *pb = b->start, *la = pa, *lb = pb;
+    uint32_t thr = sc->thr, sa = 0, sb = 0, fa = 0, fb = 0;
+    while (pa < ea && pb < eb) {
+        sa = T[sa + cls[*pa]];
+        sb = T[sb + cls[*pb]];
+        if (sa >= thr && (sa = on_event(sc, la, pa, ea, sa, &fa)) == BREAK) {
+            if (!(pa = line_done(a, la, pa, fa))) return;
+            la = pa; sa = 0; fa = 0;
+        } else pa++;
+        if (sb >= thr && (sb = on_event(sc, lb, pb, eb, sb, &fb)) == BREAK) {
+            if (!(pb = line_done(b, lb, pb, fb))) return;
+            lb = pb; sb = 0; fb = 0;
+        } else pb++;
+    }
+    run_from(a, la, pa, sa, fa);
+    if (!a->oom) run_from(b, lb, pb, sb, fb);
+}
+
+typedef struct { Part *a, *b; } Job;
+
+static void *run_job(void *arg) {
+    Job *j = arg;
+    if (j->b) run_pair(j->a, j->b); else run_part(j->a);
     return NULL;
 }
 
+/* Only the last line showing progress counts: the ASCII "loss" lines are matched from the last one back
+ * (most of them match, so this reads one or two lines instead of a fifth of the file). */
+static void settle_progress(Part *w) {
+    for (Py_ssize_t j = w->nloss - 1; j >= 0; j--)
+        if (progress_match(w->loss[j].p, w->loss[j].len)) { w->progress = w->loss[j].idx; return; }
+}
+
 static void part_free(Part *w) {
-    free(w->tab); free(w->cand); free(w->unsure);
+    free(w->tab); free(w->cand); free(w->unsure); free(w->loss);
     arena_free(&w->arena);
 }
 
@@ -680,9 +754,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                           &limit, &th, &thn, &tt, &ttn, &threads)) return NULL;
     Scanner *sc = PyCapsule_GetPointer(cap, "faultline._scan.Scanner");
     if (!sc) { PyBuffer_Release(&buf); return NULL; }
-    Part parts[3];
+    Part parts[5];  /* the decoded lines before the data, then the data's parts */
     memset(parts, 0, sizeof parts);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         parts[i].sc = sc; parts[i].max_line = max_line; parts[i].limit = limit;
         parts[i].th = (const uint8_t *)th; parts[i].thn = thn; parts[i].tt = (const uint8_t *)tt; parts[i].ttn = ttn;
         parts[i].progress = -1; parts[i].max_lines = -1;
@@ -701,33 +775,51 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             || ((max_lines < 0 || w0->lines < max_lines) && add_line(w0, s, n, f) < 0)) { PyErr_NoMemory(); goto done; }
     }
     const uint8_t *d = buf.buf, *de = d + buf.len;
-    int nparts = 1;
-    Part *a = &parts[1], *b = &parts[2];
-    a->start = d; a->end = de; a->final = final;
-    if (max_lines >= 0) a->max_lines = max_lines > w0->lines ? max_lines - w0->lines : 0;
-    if (threads > 1 && max_lines < 0 && buf.len > (1 << 20)) {
-        const uint8_t *m = d + buf.len / 2;
+    /* The data in up to 4 parts cut at line breaks (two threads, two interleaved parts each), unless the
+     * line limit can end it: a part cannot know how many lines the parts before it hold (it can end the
+     * data only if it is below the data's bytes, each line but a last one holding a break byte). */
+    Py_ssize_t left = max_lines < 0 ? -1 : (max_lines > w0->lines ? max_lines - w0->lines : 0);
+    int unlimited = left < 0 || left >= buf.len;
+    int nth = (threads > 1 && unlimited && buf.len > (1 << 20)) ? 2 : 1;
+    int per = (unlimited && buf.len / nth > (64 << 10)) ? 2 : 1, want = nth * per, np = 1;
+    Part *dp = parts + 1;
+    dp[0].start = d;
+    for (int i = 0; i < 4; i++) dp[i].base = d;
+    if (!unlimited) dp[0].max_lines = left;
+    for (int i = 1; i < want; i++) {
+        const uint8_t *m = d + buf.len / want * i;
+        if (m < dp[np - 1].start) m = dp[np - 1].start;
         while (m < de && *m != '\n' && *m != '\r') m++;
-        if (m < de) {
-            m += (*m == '\r' && m + 1 < de && m[1] == '\n') ? 2 : 1;
-            if (m < de) { a->end = m; a->final = 0; b->start = m; b->end = de; b->final = final; nparts = 2; }
-        }
+        if (m < de) m += (*m == '\r' && m + 1 < de && m[1] == '\n') ? 2 : 1;
+        if (m >= de) break;
+        dp[np - 1].end = m;
+        dp[np++].start = m;
     }
+    dp[np - 1].end = de;
+    dp[np - 1].final = final;
+    Job jobs[2] = {{&dp[0], NULL}, {NULL, NULL}};
+    int njobs = 1;
+    if (np == want && per == 2) { jobs[0].b = &dp[1]; if (nth == 2) { jobs[1].a = &dp[2]; jobs[1].b = &dp[3]; njobs = 2; } }
+    else if (np == want && nth == 2) { jobs[1].a = &dp[1]; njobs = 2; }
+    else njobs = 0;  /* a few long lines: fewer parts than wanted, one after the other */
     Py_BEGIN_ALLOW_THREADS
-    pthread_t t;
-    int started = nparts == 2 && pthread_create(&t, NULL, run_part, b) == 0;
-    run_part(a);
-    if (nparts == 2) { if (started) pthread_join(t, NULL); else run_part(b); }
+    if (njobs == 0) for (int i = 0; i < np; i++) run_part(&dp[i]);
+    else {
+        pthread_t t;
+        int started = njobs == 2 && pthread_create(&t, NULL, run_job, &jobs[1]) == 0;
+        run_job(&jobs[0]);
+        if (njobs == 2) { if (started) pthread_join(t, NULL); else run_job(&jobs[1]); }
+    }
     Py_END_ALLOW_THREADS
-    if (a->oom || b->oom) { PyErr_NoMemory(); goto done; }
+    for (int i = 0; i < np; i++) if (dp[i].oom) { PyErr_NoMemory(); goto done; }
     /* Python objects, parts in order */
     Py_ssize_t nkeys = 0, ncand = 0, nuns = 0, lines = 0, progress = -1, replaced = 0, truncated = 0;
-    for (int i = 0; i < 3; i++) { nkeys += parts[i].used; ncand += parts[i].ncand; nuns += parts[i].nunsure; }
+    for (int i = 0; i < 5; i++) { nkeys += parts[i].used; ncand += parts[i].ncand; nuns += parts[i].nunsure; }
     PyObject *keys = PyList_New(nkeys), *counts = PyList_New(nkeys), *ci = PyList_New(ncand), *ct = PyList_New(ncand),
              *ck = PyList_New(ncand), *ui = PyList_New(nuns), *ut = PyList_New(nuns);
     if (!keys || !counts || !ci || !ct || !ck || !ui || !ut) goto fail;
     Py_ssize_t kbase = 0, cc = 0, uc = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         Part *w = &parts[i];
         for (uint32_t j = 0; j < w->cap; j++) {
             Entry *e = &w->tab[j];
@@ -749,6 +841,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             if (!x || !y) { Py_XDECREF(x); Py_XDECREF(y); goto fail; }
             PyList_SET_ITEM(ui, uc, x); PyList_SET_ITEM(ut, uc, y); uc++;
         }
+        settle_progress(w);
         if (w->progress >= 0) progress = lines + w->progress;
         kbase += w->used;
         lines += w->lines; replaced += w->replaced; truncated += w->truncated;
@@ -758,7 +851,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 fail:
     Py_XDECREF(keys); Py_XDECREF(counts); Py_XDECREF(ci); Py_XDECREF(ct); Py_XDECREF(ck); Py_XDECREF(ui); Py_XDECREF(ut);
 done:
-    for (int i = 0; i < 3; i++) part_free(&parts[i]);
+    for (int i = 0; i < 5; i++) part_free(&parts[i]);
     PyBuffer_Release(&buf);
     return result;
 }

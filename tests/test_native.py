@@ -52,8 +52,11 @@ def _random_file(rnd: random.Random, literals: list[str]) -> bytes:
     return b"".join(out)
 
 
+_SCANNER = native.scanner  # the real one: once patched away, `native.scanner` is the patch
+
+
 def _evidence(ruleset, path, use_native: bool, monkeypatch, **kw):
-    monkeypatch.setattr(native, "scanner", native.scanner if use_native else (lambda literals: None))
+    monkeypatch.setattr(native, "scanner", _SCANNER if use_native else (lambda literals: None))
     col = LineCollector(ruleset, JobMeta(job_id="j"), 2026)
     col.read_file(path, col.report(str(path), "applog", "file-node", None), **kw)
     ev = col.evidence()
@@ -81,6 +84,26 @@ def test_native_scanner_gives_the_polars_paths_evidence_on_random_bytes(ruleset,
         _same(got.stats, want.stats, ["node", "rank"])
         _same(got.progress, want.progress)
         _same(got.symptoms, want.symptoms)
+
+
+@pytest.mark.skipif(not native.available(), reason="the native scanner is not built")
+def test_native_parts_and_threads_give_the_polars_paths_evidence(ruleset, tmp_path, monkeypatch):
+    """A block over 64 KiB is scanned as two interleaved parts, over 1 MiB as four on two threads (cut at
+    line breaks, \r\n and lone \r included): the same evidence as the Polars path, in file order."""
+    rnd = random.Random(29)
+    literals = prefilter_literals(ruleset)
+    p = tmp_path / "big.log"
+    p.write_bytes(b"\r".join(_random_file(rnd, literals) for _ in range(650)) + b"no final break")
+    assert p.stat().st_size > (1 << 20) + (1 << 19)
+    for kw in ({"block_bytes": 4 << 20, "max_line": 1 << 16}, {"block_bytes": 150 << 10, "max_line": 100}):
+        want, wrep = _evidence(ruleset, p, False, monkeypatch, **kw)
+        got, grep = _evidence(ruleset, p, True, monkeypatch, **kw)
+        for f in ("bytes", "lines", "status", "reason", "truncated_lines", "replaced_chars"):
+            assert getattr(grep, f) == getattr(wrep, f), (kw, f)
+        _same(got.stats, want.stats, ["node", "rank"])
+        _same(got.progress, want.progress)
+        _same(got.symptoms, want.symptoms)
+    assert want.symptoms.height > 100 and want.progress.height == 1
 
 
 @pytest.mark.skipif(not native.available(), reason="the native scanner is not built")
