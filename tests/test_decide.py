@@ -8,13 +8,20 @@ NOBODY = {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []
 
 
 def test_teardown_alone_says_failed_but_not_why(write, ruleset):
+    # The task that exited on its own with a code is where to look; the one srun's teardown signalled
+    # and the node the step was cancelled on are not. Nothing says why: unknown, nobody drained.
     p = write("slurm-1.out",
               "srun: error: gpu-p03: task 2: Exited with exit code 255",
               "slurmstepd: error: *** STEP 120331.0 ON gpu-p01 CANCELLED AT 2025-01-14T09:13:12 ***",
               "srun: error: gpu-p01: task 0: Terminated")
     d = diagnose_files([p], ruleset)
-    assert d["outcome"] == "unknown" and not d["ambiguous"]
-    assert d["culprit"] == NOBODY and d["recommended_action"]["action"] == "human_review"
+    assert d["outcome"] == "unknown" and not d["ambiguous"] and d["confidence"] == "low"
+    assert d["culprit"] == {**NOBODY, "nodes": ["gpu-p03"]} and d["recommended_action"]["action"] == "human_review"
+    q = write("slurm-2.out",
+              "slurmstepd: error: *** STEP 120331.0 ON gpu-p01 CANCELLED AT 2025-01-14T09:13:12 ***",
+              "srun: error: gpu-p01: task 0: Terminated", "srun: error: gpu-p02: tasks 4-7: Killed")
+    d = diagnose_files([q], ruleset)
+    assert d["outcome"] == "unknown" and d["culprit"] == NOBODY
 
 
 def test_a_completed_job_is_healthy_whatever_it_printed(write, ruleset):
@@ -205,6 +212,22 @@ def test_the_only_host_a_log_names_is_not_blamed_for_a_network_fault_it_reports(
               "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8")
     d = diagnose_files([p], ruleset)
     assert d["culprit"]["nodes"] == []
+
+
+def test_host_memory_exhaustion_without_a_host_is_placed_on_the_only_host_lines_or_messages_name(write, ruleset):
+    p = write("job/train.log", "alice@cpu-n12:~/run$ sbatch train.sh",
+              "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=77.batch. Some of your processes may "
+              "have been killed by the cgroup out-of-memory handler.")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "host_oom" and d["culprit"]["nodes"] == ["cpu-n12"]
+    assert d["confidence"] != "high" and "only host the logs name" in d["confidence_reason"]
+    assert d["recommended_action"]["action"] not in ("drain_node", "restart_excluding")
+    # a host named in a message counts: two hosts, none inferred for the line that names none
+    q = write("job2/train.log", "alice@cpu-n12:~/run$ sbatch train.sh",
+              "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=78.batch. Some of your processes may "
+              "have been killed by the cgroup out-of-memory handler.",
+              "srun: error: cpu-n13: task 3: Out Of Memory")
+    assert diagnose_files([q], ruleset)["culprit"]["nodes"] == ["cpu-n13"]
 
 
 def test_a_hardware_line_without_a_host_is_placed_on_the_jobs_only_host_at_reduced_confidence(write, ruleset):

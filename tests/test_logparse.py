@@ -84,6 +84,8 @@ def test_file_level_hints_fill_gaps_but_lines_win():
     ("notes.log", "applog", None, None),
     ("gpu-r2-14.dmesg", "syslog", "gpu-r2-14", None),
     ("ip-10-0-0-7.log", "applog", "ip-10-0-0-7", None),
+    ("case/node.txt", "applog", None, None),  # a host word alone is no host's name
+    ("case/workers.log", "applog", None, None),
 ])
 def test_file_name_hints(path, source, node, rank):
     from pathlib import Path

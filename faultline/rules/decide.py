@@ -17,6 +17,7 @@ import polars as pl
 
 from faultline.limits import MAX_WORLD
 from faultline.rules.extract import KEY
+from faultline.rules.refine import named_peer
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,13 @@ def active_symptoms(refined: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFrame:
         refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context")), stats)
 
 
-def single_host(stats: pl.DataFrame) -> pl.DataFrame:
-    """Jobs whose lines name exactly one host, with no more ranks than one host holds: the host."""
+def single_host(stats: pl.DataFrame, named: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Jobs whose lines name exactly one host, with no more ranks than one host holds: the host. `named`
+    (job key, node) adds the hosts the matched lines name in their message (`srun: error: gpu7: ...`)."""
+    if named is not None and named.height:
+        stats = pl.concat([stats.select(*KEY, "node", "rank"),
+                           named.select(*KEY, "node", pl.lit(None).cast(stats.schema["rank"]).alias("rank"))
+                           .cast({"node": stats.schema["node"]})], how="vertical")
     return (stats.group_by(KEY).agg(nodes=pl.col("node").drop_nulls().unique(),
                                     top_rank=pl.col("rank").drop_nulls().max())
             .filter((pl.col("nodes").list.len() == 1)
@@ -112,12 +118,16 @@ def place_on_single_host(active: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFr
     """A hardware line that blames its printer but carries no host (`CUDA error: uncorrectable ECC` with
     no prefix) was printed on the job's one host when every line that names a host names the same one.
     Only hardware faults, and only in jobs with no sign of other hosts (a peer named, a network fault):
-    a pasted excerpt often shows one node's lines of a many-node job, and the fault may be elsewhere."""
+    a pasted excerpt often shows one node's lines of a many-node job, and the fault may be elsewhere.
+    Host memory exhaustion too (`Detected 1 oom-kill event(s)`, the kernel's OOM kill): a workload fault,
+    but one that struck on the host where the process ran, which then is where to look; never drained."""
     others = (active.filter((pl.col("implicates") == "peer") | (pl.col("domain") == "network"))
               .select(KEY).unique().with_columns(_others=pl.lit(True)))
-    out = (active.join(single_host(stats), on=KEY, how="left", maintain_order="left")
+    named = active.select(*KEY, node=named_peer(pl.col("node"))).filter(pl.col("node").is_not_null())
+    out = (active.join(single_host(stats, named), on=KEY, how="left", maintain_order="left")
            .join(others, on=KEY, how="left", maintain_order="left"))
-    fill = ((pl.col("implicates") == "self") & (pl.col("domain") == "hardware") & pl.col("target_node").is_null()
+    placeable = (pl.col("domain") == "hardware") | (pl.col("outcome") == "host_oom")
+    fill = ((pl.col("implicates") == "self") & placeable & pl.col("target_node").is_null()
             & pl.col("only_node").is_not_null() & pl.col("_others").is_null())
     return out.with_columns(target_node=pl.when(fill).then(pl.col("only_node")).otherwise(pl.col("target_node")),
                             node_inferred=fill).drop("only_node", "_others")
