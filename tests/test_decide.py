@@ -230,6 +230,16 @@ def test_host_memory_exhaustion_without_a_host_is_placed_on_the_only_host_lines_
     assert diagnose_files([q], ruleset)["culprit"]["nodes"] == ["cpu-n13"]
 
 
+def test_a_node_failure_its_printer_reports_of_itself_is_placed_on_the_only_host(write, ruleset):
+    p = write("job/raylet.txt", "(base) ray@ip-10-2-3-4:/tmp/ray/session_latest/logs$ tail raylet.out",
+              "[2024-05-01 10:00:00,001 C 811 811] (raylet) node_manager.cc:1001: [Timeout] Exiting because this "
+              "node manager has mistakenly been marked as dead by the GCS: GCS failed to check the health of this "
+              "node for 5 times.")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["ip-10-2-3-4"]
+    assert d["confidence"] != "high" and "only host the logs name" in d["confidence_reason"]
+
+
 def test_a_hardware_line_without_a_host_is_placed_on_the_jobs_only_host_at_reduced_confidence(write, ruleset):
     p = write("job/train.log", "gpu-a-07:1234:1300 [0] NCCL INFO Bootstrap : Using ib0:10.1.0.7<0>",
               "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered")

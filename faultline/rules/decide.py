@@ -120,13 +120,15 @@ def place_on_single_host(active: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFr
     Only hardware faults, and only in jobs with no sign of other hosts (a peer named, a network fault):
     a pasted excerpt often shows one node's lines of a many-node job, and the fault may be elsewhere.
     Host memory exhaustion too (`Detected 1 oom-kill event(s)`, the kernel's OOM kill): a workload fault,
-    but one that struck on the host where the process ran, which then is where to look; never drained."""
+    but one that struck on the host where the process ran, which then is where to look; never drained.
+    And a node failure its printer reports of itself (Ray's raylet `mistakenly been marked dead`, in the
+    raylet log of the host the pasted prompt names)."""
     others = (active.filter((pl.col("implicates") == "peer") | (pl.col("domain") == "network"))
               .select(KEY).unique().with_columns(_others=pl.lit(True)))
     named = active.select(*KEY, node=named_peer(pl.col("node"))).filter(pl.col("node").is_not_null())
     out = (active.join(single_host(stats, named), on=KEY, how="left", maintain_order="left")
            .join(others, on=KEY, how="left", maintain_order="left"))
-    placeable = (pl.col("domain") == "hardware") | (pl.col("outcome") == "host_oom")
+    placeable = (pl.col("domain") == "hardware") | pl.col("outcome").is_in(["host_oom", "node_failure"])
     fill = ((pl.col("implicates") == "self") & placeable & pl.col("target_node").is_null()
             & pl.col("only_node").is_not_null() & pl.col("_others").is_null())
     return out.with_columns(target_node=pl.when(fill).then(pl.col("only_node")).otherwise(pl.col("target_node")),
