@@ -426,3 +426,34 @@ def test_a_peer_address_is_the_ec2_node_whose_default_host_name_spells_it(write,
           "Connection reset by peer")
     d = diagnose_files([tmp_path], ruleset)
     assert d["culprit"]["nodes"] == ["ip-10-1-33-7"] and "implicated peer could not" not in d["confidence_reason"]
+
+
+def test_kubectl_describe_node_name_row_places_conditions_when_the_labels_were_cut(write, ruleset):
+    lines = [DESCRIBE_NODE[0], DESCRIBE_NODE[1], *DESCRIBE_NODE[6:]]  # `Name:`, `Roles:`, then Conditions
+    d = diagnose_files([write("describe.txt", *lines)], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["gpu-pool-b-91xz"]
+    # a pod's `Name:` over lines that are no node condition places nothing
+    pod = ["Name:         trainer-worker-0", "Namespace:    ml",
+           "  Warning  Evicted  2m  kubelet  The node was low on resource: memory. Threshold quantity: 100Mi, "
+           "available: 51200Ki. Container pytorch was using 30Gi, request is 8Gi."]
+    assert "trainer-worker-0" not in diagnose_files([write("pod.txt", *pod)], ruleset)["culprit"]["nodes"]
+
+
+RAY_ACTOR_NODE_DIED = (
+    "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+    "\tclass_name: RayTrainWorker",
+    "\tactor_id: 9f1c2d3e4b5a69788796a5b401000000",
+    "\tpid: 48122",
+    "\tnamespace: 3e1f0a2b-7c4d-4e5f-8a9b-0c1d2e3f4a5b",
+    "\tip: 10.31.4.77",
+    "The actor died because its node has died. Node Id: 5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f",
+)
+
+
+def test_ray_actor_death_names_the_dead_node_by_the_ip_its_context_gives_not_by_its_id(write, ruleset):
+    d = diagnose_files([write("driver.log", *RAY_ACTOR_NODE_DIED)], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["10.31.4.77"]
+    # without the `ip:` row the node id is all there is
+    lines = [ln for ln in RAY_ACTOR_NODE_DIED if "ip:" not in ln]
+    d = diagnose_files([write("driver2.log", *lines)], ruleset)
+    assert d["culprit"]["nodes"] == ["5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f"]
