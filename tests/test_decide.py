@@ -457,3 +457,26 @@ def test_ray_actor_death_names_the_dead_node_by_the_ip_its_context_gives_not_by_
     lines = [ln for ln in RAY_ACTOR_NODE_DIED if "ip:" not in ln]
     d = diagnose_files([write("driver2.log", *lines)], ruleset)
     assert d["culprit"]["nodes"] == ["5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f"]
+
+
+MPIRUN_FIRST_FAILED = (
+    "--------------------------------------------------------------------------",
+    "mpirun detected that one or more processes exited with non-zero status, thus causing",
+    "the job to be terminated. The first process to do so was:",
+    "",
+    "  Process name: [[61204,1],2]",
+    "  Exit code:    1",
+    "--------------------------------------------------------------------------",
+)
+
+
+def test_mpiruns_first_failed_process_names_the_rank_when_the_cause_names_nobody(write, ruleset):
+    lines = ["Traceback (most recent call last):", '  File "train.py", line 12, in <module>',
+             "KeyError: 'labels'", *MPIRUN_FIRST_FAILED]
+    d = diagnose_files([write("mpirun.log", *lines)], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"]["ranks"] == [2]
+    assert "first process to fail" in d["confidence_reason"] and d["confidence"] != "high"
+    # a cause that names its rank keeps it
+    tagged = ["[1,5]<stderr>:Traceback (most recent call last):", '[1,5]<stderr>:  File "train.py", line 12',
+              "[1,5]<stderr>:KeyError: 'labels'", *MPIRUN_FIRST_FAILED]
+    assert diagnose_files([write("mpirun2.log", *tagged)], ruleset)["culprit"]["ranks"] == [5]

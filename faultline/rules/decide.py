@@ -26,6 +26,8 @@ class DecideConfig:
     band: int = 10  # priorities this close cannot break a tie between causes
     hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait")
     max_world: int = MAX_WORLD  # ranks a job can have; larger printed world sizes are not believed
+    # launcher lines naming the first process to fail: its rank when the deciding lines name nobody
+    first_failure_symptoms: tuple[str, ...] = ("mpi_process_named",)
 
 
 def _cap(name: str) -> pl.Expr:
@@ -317,6 +319,18 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         # A rank that printed nothing at all may sit on a dead node: say so, don't choose.
         ambiguous=pl.col("ambiguous") | (pl.col("inference") == "silent_unseen").fill_null(False),
     )
+    # A cause whose lines name nobody (an exception printed without a rank tag) and a launcher that names
+    # the first process to fail (mpirun's `Process name: [[jobid,1],N]`): that rank, at lower confidence.
+    first = (active.filter(pl.col("symptom").is_in(list(cfg.first_failure_symptoms)) & pl.col("target_rank").is_not_null())
+             .group_by(KEY).agg(first_ranks=pl.col("target_rank").unique().sort()))
+    nobody = ((pl.col("culprit_nodes").list.len() == 0) & (pl.col("culprit_ranks").list.len() == 0)
+              & (pl.col("culprit_gpus").list.len() == 0) & (pl.col("culprit_gpu_pci").list.len() == 0)
+              & (pl.col("culprit_local_ranks").list.len() == 0) & pl.col("inference").is_null())
+    verdict = verdict.join(first, on=KEY, how="left").with_columns(
+        launcher_named=(nobody & (pl.col("first_ranks").list.len() == 1)).fill_null(False))
+    verdict = verdict.with_columns(
+        culprit_ranks=pl.when(pl.col("launcher_named")).then(pl.col("first_ranks").cast(pl.List(pl.Int32)))
+        .otherwise(pl.col("culprit_ranks"))).drop("first_ranks")
     # A cause every node (or rank) reports is not in one place: NaN after the all-reduce, a missing
     # module on every rank, a switch under both nodes. Naming them all would blame the whole job.
     spread = stats.group_by(KEY).agg(n_nodes=pl.col("node").drop_nulls().n_unique(),
@@ -401,6 +415,7 @@ def _confidence() -> pl.Expr:
     level = level - pl.col("peer_unresolved").cast(pl.Int32)
     # a node inferred from the job naming one host, not from the line: never enough to drain unasked
     level = level - (pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0)).cast(pl.Int32)
+    level = level - pl.col("launcher_named").cast(pl.Int32)
     # A failed log source may hold the root cause this verdict lacks (the GPU's Xid in a syslog that
     # could not be read, behind the timeouts the applog shows). A root signature stands on its own;
     # the scheduler's COMPLETED too.
@@ -428,6 +443,7 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
         pl.when(pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0))
         .then(pl.lit("culprit node inferred: the only host the logs name")),
+        pl.when(pl.col("launcher_named")).then(pl.lit("culprit rank from the launcher's report of the first process to fail")),
         pl.when(pl.col("widespread")).then(pl.lit("most nodes or ranks report it: the cause is not in one place")),
         pl.when(pl.col("unread") & (pl.col("lines_read") == 0))
         .then(pl.lit("no readable log line: nothing to judge the job by")),
