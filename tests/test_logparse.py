@@ -133,6 +133,15 @@ def test_slurmstepd_program_name_names_the_node():
     assert lines.with_columns(**identity_exprs())["node"].to_list() == ["fn2-0002", "cpu-a7", None, None]
 
 
+def test_xla_dist_relay_prefix_names_the_client_vm():
+    """torch_xla's xla_dist: `date time clientip [ordinal] message`; the ordinal is no rank."""
+    lines = pl.DataFrame({"line": ["2021-03-04 05:06:07 10.164.0.12 [2] RuntimeError: Resource exhausted",
+                                   "2021-03-04 05:06:07 INFO [2] not an address",
+                                   "2021-03-04 05:06:07,123 10.164.0.12 [2] a logging line with millis"]})
+    got = lines.with_columns(**identity_exprs())
+    assert got["node"].to_list() == ["10.164.0.12", None, None] and got["rank"].to_list() == [None] * 3
+
+
 def test_who_spoke_per_distinct_prefix_equals_the_full_parse_of_every_line():
     """`who_spoke` parses each distinct prefix once where the prefix settles node and rank; lines whose
     rest could still say something (a torchrun rank, a c10d rank, an NCCL host later on) are parsed whole."""
@@ -152,7 +161,7 @@ def test_who_spoke_per_distinct_prefix_equals_the_full_parse_of_every_line():
         "2024-01-01T10:12:13 [3] NCCL INFO odd host", "Jan:12:13 [3] x", "n1:5:6 [0] ok",
         "Jun  9 11:49:36 dgx-a100-07 kernel: NVRM: Xid 79", "[1,5]<stderr>:[gpu-h01:41222:0:41222] Caught signal",
         "user@gpu-3:~/run$ python train.py", "(pid=4471, ip=10.0.5.12) x", "", "[", "]:", "gpu-1:1:2 [3] ",
-        "slurmstepd-gpu-3: error: x",
+        "slurmstepd-gpu-3: error: x", "2021-03-04 05:06:07 10.164.0.12 [2] x",
     ]
     df = pl.DataFrame({"line": lines * 3})
     assert who_spoke(df).equals(df.select(**identity_exprs()))
