@@ -11,6 +11,8 @@ Prefixes understood (they may be stacked, e.g. `0: [default0]:[rank0]:[E321 ...]
   UCX                    `[1712345678.1] [host:pid:tid]` -> node
   Open MPI               `[host:pid] *** Process received signal` -> node
   shell prompt           `user@gpu-3:~/run$ python train.py`      -> node
+  slurmstepd             `slurmstepd-gpu-3: error: ...`            -> node
+  torch_xla xla_dist     `2020-10-22 02:48:58 10.128.0.33 [3] ...` -> node (the TPU client VM's IP)
   Open MPI --tag-output  `[1,5]<stderr>:`               -> rank
   Ray                    `(Worker pid=4471, ip=10.0.5.12)` -> node (its IP)
   kubectl --prefix       `[pod/name/container] `        -> node (the pod's hostname)
@@ -62,6 +64,12 @@ _PROMPT = r"^(?:\([\w.\-]+\)\s)?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*):[~/][^$#\n]
 # Ray's worker prefix: `(RayTrainWorker pid=4471, ip=10.0.5.12)`, `(pid=4471, ip=...)`, `(raylet, ip=...)`,
 # names with parentheses (`(MapBatches(fn) pid=...)`), IPv6 addresses.
 _RAY = r"^\((?:[^\s()]+(?:\([^()\n]*\))*\s)?(?:pid=\d+|raylet),\s*ip=([0-9A-Fa-f.:]+)\)"
+# slurmstepd's messages name their node in the program name when slurmd is built for several slurmd per
+# host (slurmstepd/mgr.c: `slurmstepd-<NodeName>`); the common build prints a bare `slurmstepd:`.
+_SLURMSTEPD = r"^(?:\[[\dT:.\-]+\] )?slurmstepd-([A-Za-z0-9][\w.\-]*): "
+# torch_xla's xla_dist (TPU pods) relays each client VM's output as `%(asctime)s %(clientip)s [%(ordinal)s]`,
+# datefmt `%Y-%m-%d %H:%M:%S`; the ordinal is the VM's index, not a rank.
+_XLA_DIST = r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} (\d{1,3}(?:\.\d{1,3}){3}) \[\d{1,4}\] "
 _KUBECTL = r"^\[pod/([a-z0-9][a-z0-9.\-]*)/[^\]]+\] "
 # grep -r / -H output puts the file's name first (`messages:Jun 17 ...`, `/var/log/syslog:2024-...`).
 _GREP_FILE = r"(?:[\w./\-]+:)?"
@@ -125,6 +133,8 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None,
         _not_source_file(line.str.extract(_UCX)),
         line.str.extract(_RAY),
         line.str.extract(_PROMPT),
+        line.str.extract(_SLURMSTEPD),
+        line.str.extract(_XLA_DIST),
         line.str.extract(_KUBECTL),
         line.str.extract(_PDSH),
         line.str.extract(_BRACKET_HOST),

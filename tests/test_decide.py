@@ -8,13 +8,20 @@ NOBODY = {"nodes": [], "ranks": [], "gpus": [], "gpu_pci": [], "local_ranks": []
 
 
 def test_teardown_alone_says_failed_but_not_why(write, ruleset):
+    # The task that exited on its own with a code is where to look; the one srun's teardown signalled
+    # and the node the step was cancelled on are not. Nothing says why: unknown, nobody drained.
     p = write("slurm-1.out",
               "srun: error: gpu-p03: task 2: Exited with exit code 255",
               "slurmstepd: error: *** STEP 120331.0 ON gpu-p01 CANCELLED AT 2025-01-14T09:13:12 ***",
               "srun: error: gpu-p01: task 0: Terminated")
     d = diagnose_files([p], ruleset)
-    assert d["outcome"] == "unknown" and not d["ambiguous"]
-    assert d["culprit"] == NOBODY and d["recommended_action"]["action"] == "human_review"
+    assert d["outcome"] == "unknown" and not d["ambiguous"] and d["confidence"] == "low"
+    assert d["culprit"] == {**NOBODY, "nodes": ["gpu-p03"]} and d["recommended_action"]["action"] == "human_review"
+    q = write("slurm-2.out",
+              "slurmstepd: error: *** STEP 120331.0 ON gpu-p01 CANCELLED AT 2025-01-14T09:13:12 ***",
+              "srun: error: gpu-p01: task 0: Terminated", "srun: error: gpu-p02: tasks 4-7: Killed")
+    d = diagnose_files([q], ruleset)
+    assert d["outcome"] == "unknown" and d["culprit"] == NOBODY
 
 
 def test_a_completed_job_is_healthy_whatever_it_printed(write, ruleset):
@@ -207,6 +214,32 @@ def test_the_only_host_a_log_names_is_not_blamed_for_a_network_fault_it_reports(
     assert d["culprit"]["nodes"] == []
 
 
+def test_host_memory_exhaustion_without_a_host_is_placed_on_the_only_host_lines_or_messages_name(write, ruleset):
+    p = write("job/train.log", "alice@cpu-n12:~/run$ sbatch train.sh",
+              "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=77.batch. Some of your processes may "
+              "have been killed by the cgroup out-of-memory handler.")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "host_oom" and d["culprit"]["nodes"] == ["cpu-n12"]
+    assert d["confidence"] != "high" and "only host the logs name" in d["confidence_reason"]
+    assert d["recommended_action"]["action"] not in ("drain_node", "restart_excluding")
+    # a host named in a message counts: two hosts, none inferred for the line that names none
+    q = write("job2/train.log", "alice@cpu-n12:~/run$ sbatch train.sh",
+              "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=78.batch. Some of your processes may "
+              "have been killed by the cgroup out-of-memory handler.",
+              "srun: error: cpu-n13: task 3: Out Of Memory")
+    assert diagnose_files([q], ruleset)["culprit"]["nodes"] == ["cpu-n13"]
+
+
+def test_a_node_failure_its_printer_reports_of_itself_is_placed_on_the_only_host(write, ruleset):
+    p = write("job/raylet.txt", "(base) ray@ip-10-2-3-4:/tmp/ray/session_latest/logs$ tail raylet.out",
+              "[2024-05-01 10:00:00,001 C 811 811] (raylet) node_manager.cc:1001: [Timeout] Exiting because this "
+              "node manager has mistakenly been marked as dead by the GCS: GCS failed to check the health of this "
+              "node for 5 times.")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["ip-10-2-3-4"]
+    assert d["confidence"] != "high" and "only host the logs name" in d["confidence_reason"]
+
+
 def test_a_hardware_line_without_a_host_is_placed_on_the_jobs_only_host_at_reduced_confidence(write, ruleset):
     p = write("job/train.log", "gpu-a-07:1234:1300 [0] NCCL INFO Bootstrap : Using ib0:10.1.0.7<0>",
               "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered")
@@ -393,3 +426,57 @@ def test_a_peer_address_is_the_ec2_node_whose_default_host_name_spells_it(write,
           "Connection reset by peer")
     d = diagnose_files([tmp_path], ruleset)
     assert d["culprit"]["nodes"] == ["ip-10-1-33-7"] and "implicated peer could not" not in d["confidence_reason"]
+
+
+def test_kubectl_describe_node_name_row_places_conditions_when_the_labels_were_cut(write, ruleset):
+    lines = [DESCRIBE_NODE[0], DESCRIBE_NODE[1], *DESCRIBE_NODE[6:]]  # `Name:`, `Roles:`, then Conditions
+    d = diagnose_files([write("describe.txt", *lines)], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["gpu-pool-b-91xz"]
+    # a pod's `Name:` over lines that are no node condition places nothing
+    pod = ["Name:         trainer-worker-0", "Namespace:    ml",
+           "  Warning  Evicted  2m  kubelet  The node was low on resource: memory. Threshold quantity: 100Mi, "
+           "available: 51200Ki. Container pytorch was using 30Gi, request is 8Gi."]
+    assert "trainer-worker-0" not in diagnose_files([write("pod.txt", *pod)], ruleset)["culprit"]["nodes"]
+
+
+RAY_ACTOR_NODE_DIED = (
+    "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+    "\tclass_name: RayTrainWorker",
+    "\tactor_id: 9f1c2d3e4b5a69788796a5b401000000",
+    "\tpid: 48122",
+    "\tnamespace: 3e1f0a2b-7c4d-4e5f-8a9b-0c1d2e3f4a5b",
+    "\tip: 10.31.4.77",
+    "The actor died because its node has died. Node Id: 5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f",
+)
+
+
+def test_ray_actor_death_names_the_dead_node_by_the_ip_its_context_gives_not_by_its_id(write, ruleset):
+    d = diagnose_files([write("driver.log", *RAY_ACTOR_NODE_DIED)], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["10.31.4.77"]
+    # without the `ip:` row the node id is all there is
+    lines = [ln for ln in RAY_ACTOR_NODE_DIED if "ip:" not in ln]
+    d = diagnose_files([write("driver2.log", *lines)], ruleset)
+    assert d["culprit"]["nodes"] == ["5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f"]
+
+
+MPIRUN_FIRST_FAILED = (
+    "--------------------------------------------------------------------------",
+    "mpirun detected that one or more processes exited with non-zero status, thus causing",
+    "the job to be terminated. The first process to do so was:",
+    "",
+    "  Process name: [[61204,1],2]",
+    "  Exit code:    1",
+    "--------------------------------------------------------------------------",
+)
+
+
+def test_mpiruns_first_failed_process_names_the_rank_when_the_cause_names_nobody(write, ruleset):
+    lines = ["Traceback (most recent call last):", '  File "train.py", line 12, in <module>',
+             "KeyError: 'labels'", *MPIRUN_FIRST_FAILED]
+    d = diagnose_files([write("mpirun.log", *lines)], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"]["ranks"] == [2]
+    assert "first process to fail" in d["confidence_reason"] and d["confidence"] != "high"
+    # a cause that names its rank keeps it
+    tagged = ["[1,5]<stderr>:Traceback (most recent call last):", '[1,5]<stderr>:  File "train.py", line 12',
+              "[1,5]<stderr>:KeyError: 'labels'", *MPIRUN_FIRST_FAILED]
+    assert diagnose_files([write("mpirun2.log", *tagged)], ruleset)["culprit"]["ranks"] == [5]

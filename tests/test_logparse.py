@@ -89,6 +89,8 @@ def test_file_level_hints_fill_gaps_but_lines_win():
     ("notes.log", "applog", None, None),
     ("gpu-r2-14.dmesg", "syslog", "gpu-r2-14", None),
     ("ip-10-0-0-7.log", "applog", "ip-10-0-0-7", None),
+    ("case/node.txt", "applog", None, None),  # a host word alone is no host's name
+    ("case/workers.log", "applog", None, None),
 ])
 def test_file_name_hints(path, source, node, rank):
     from pathlib import Path
@@ -126,6 +128,25 @@ def test_ucx_openmpi_and_prompt_prefixes_name_the_node():
                                                                         "dgx-b200-12"]
 
 
+def test_slurmstepd_program_name_names_the_node():
+    """Multiple-slurmd builds print `slurmstepd-<NodeName>: `; the plain `slurmstepd: ` names nobody, and
+    the name later in a line is not a prefix."""
+    lines = pl.DataFrame({"line": ["slurmstepd-fn2-0002: error: Detected 1 oom-kill event(s) in StepId=7.batch.",
+                                   "[2024-03-01T10:00:00.123] slurmstepd-cpu-a7: error: *** STEP 9.0 ON cpu-a7 ***",
+                                   "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=7.batch.",
+                                   "see slurmstepd-cpu-a7: for details"]})
+    assert lines.with_columns(**identity_exprs())["node"].to_list() == ["fn2-0002", "cpu-a7", None, None]
+
+
+def test_xla_dist_relay_prefix_names_the_client_vm():
+    """torch_xla's xla_dist: `date time clientip [ordinal] message`; the ordinal is no rank."""
+    lines = pl.DataFrame({"line": ["2021-03-04 05:06:07 10.164.0.12 [2] RuntimeError: Resource exhausted",
+                                   "2021-03-04 05:06:07 INFO [2] not an address",
+                                   "2021-03-04 05:06:07,123 10.164.0.12 [2] a logging line with millis"]})
+    got = lines.with_columns(**identity_exprs())
+    assert got["node"].to_list() == ["10.164.0.12", None, None] and got["rank"].to_list() == [None] * 3
+
+
 def test_who_spoke_per_distinct_prefix_equals_the_full_parse_of_every_line():
     """`who_spoke` parses each distinct prefix once where the prefix settles node and rank; lines whose
     rest could still say something (a torchrun rank, a c10d rank, an NCCL host later on) are parsed whole."""
@@ -145,6 +166,7 @@ def test_who_spoke_per_distinct_prefix_equals_the_full_parse_of_every_line():
         "2024-01-01T10:12:13 [3] NCCL INFO odd host", "Jan:12:13 [3] x", "n1:5:6 [0] ok",
         "Jun  9 11:49:36 dgx-a100-07 kernel: NVRM: Xid 79", "[1,5]<stderr>:[gpu-h01:41222:0:41222] Caught signal",
         "user@gpu-3:~/run$ python train.py", "(pid=4471, ip=10.0.5.12) x", "", "[", "]:", "gpu-1:1:2 [3] ",
+        "slurmstepd-gpu-3: error: x", "2021-03-04 05:06:07 10.164.0.12 [2] x",
     ]
     df = pl.DataFrame({"line": lines * 3})
     assert who_spoke(df).equals(df.select(**identity_exprs()))

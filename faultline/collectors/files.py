@@ -36,6 +36,7 @@ _RANK_NAME = re.compile(r"(?i)(?:^|[_.\-])rank[_\-]?(\d{1,6})(?:$|[_.\-])")
 # names that start the way cluster hosts are named count; anything else stays unknown.
 _HOSTLIKE = re.compile(r"(?i)^(?:" + HOST_WORD_LONG + r"[\-_]?[A-Za-z0-9]*|" + HOST_WORD_SHORT
                        + r"-?\d[A-Za-z0-9]*)(?:[\-.][A-Za-z0-9]+)*$")
+_BARE_HOST_WORD = re.compile(r"(?i)^" + HOST_WORD_LONG + r"s?$")
 _NOT_HOST = re.compile(
     r"(?i)^(?:slurm|job|log|logs|out|output|stdout|stderr|err|train|training|run|dmesg|syslog|kern|messages|journal|"
     r"events|describe|case|rank|nccl|torch|python|test|tmp|data|hostfile|hosts|hostname|nodes|nodelist)(?:[\-_.]?\d*)?$")
@@ -155,7 +156,9 @@ def hints(path: Path) -> tuple[str, str | None, int | None]:
     rank = int(m.group(1)) if m else None
     node = None
     for candidate in (stem, path.parent.name):
-        if candidate and _HOSTLIKE.match(candidate) and not _NOT_HOST.match(candidate) and not _RANK_NAME.search(candidate):
+        # a host word alone (`node.txt`: what a node's output was saved as) names no host
+        if (candidate and _HOSTLIKE.match(candidate) and not _NOT_HOST.match(candidate)
+                and not _RANK_NAME.search(candidate) and not _BARE_HOST_WORD.match(candidate)):
             node = candidate
             break
     return source, node, rank

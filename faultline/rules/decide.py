@@ -17,6 +17,7 @@ import polars as pl
 
 from faultline.limits import MAX_WORLD
 from faultline.rules.extract import KEY
+from faultline.rules.refine import named_peer
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class DecideConfig:
     band: int = 10  # priorities this close cannot break a tie between causes
     hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait")
     max_world: int = MAX_WORLD  # ranks a job can have; larger printed world sizes are not believed
+    # launcher lines naming the first process to fail: its rank when the deciding lines name nobody
+    first_failure_symptoms: tuple[str, ...] = ("mpi_process_named",)
 
 
 def _cap(name: str) -> pl.Expr:
@@ -99,8 +102,13 @@ def active_symptoms(refined: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFrame:
         refined.filter(pl.col("superseded_by").is_null() & (pl.col("role") != "context")), stats)
 
 
-def single_host(stats: pl.DataFrame) -> pl.DataFrame:
-    """Jobs whose lines name exactly one host, with no more ranks than one host holds: the host."""
+def single_host(stats: pl.DataFrame, named: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Jobs whose lines name exactly one host, with no more ranks than one host holds: the host. `named`
+    (job key, node) adds the hosts the matched lines name in their message (`srun: error: gpu7: ...`)."""
+    if named is not None and named.height:
+        stats = pl.concat([stats.select(*KEY, "node", "rank"),
+                           named.select(*KEY, "node", pl.lit(None).cast(stats.schema["rank"]).alias("rank"))
+                           .cast({"node": stats.schema["node"]})], how="vertical")
     return (stats.group_by(KEY).agg(nodes=pl.col("node").drop_nulls().unique(),
                                     top_rank=pl.col("rank").drop_nulls().max())
             .filter((pl.col("nodes").list.len() == 1)
@@ -112,12 +120,18 @@ def place_on_single_host(active: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFr
     """A hardware line that blames its printer but carries no host (`CUDA error: uncorrectable ECC` with
     no prefix) was printed on the job's one host when every line that names a host names the same one.
     Only hardware faults, and only in jobs with no sign of other hosts (a peer named, a network fault):
-    a pasted excerpt often shows one node's lines of a many-node job, and the fault may be elsewhere."""
+    a pasted excerpt often shows one node's lines of a many-node job, and the fault may be elsewhere.
+    Host memory exhaustion too (`Detected 1 oom-kill event(s)`, the kernel's OOM kill): a workload fault,
+    but one that struck on the host where the process ran, which then is where to look; never drained.
+    And a node failure its printer reports of itself (Ray's raylet `mistakenly been marked dead`, in the
+    raylet log of the host the pasted prompt names)."""
     others = (active.filter((pl.col("implicates") == "peer") | (pl.col("domain") == "network"))
               .select(KEY).unique().with_columns(_others=pl.lit(True)))
-    out = (active.join(single_host(stats), on=KEY, how="left", maintain_order="left")
+    named = active.select(*KEY, node=named_peer(pl.col("node"))).filter(pl.col("node").is_not_null())
+    out = (active.join(single_host(stats, named), on=KEY, how="left", maintain_order="left")
            .join(others, on=KEY, how="left", maintain_order="left"))
-    fill = ((pl.col("implicates") == "self") & (pl.col("domain") == "hardware") & pl.col("target_node").is_null()
+    placeable = (pl.col("domain") == "hardware") | pl.col("outcome").is_in(["host_oom", "node_failure"])
+    fill = ((pl.col("implicates") == "self") & placeable & pl.col("target_node").is_null()
             & pl.col("only_node").is_not_null() & pl.col("_others").is_null())
     return out.with_columns(target_node=pl.when(fill).then(pl.col("only_node")).otherwise(pl.col("target_node")),
                             node_inferred=fill).drop("only_node", "_others")
@@ -305,6 +319,18 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         # A rank that printed nothing at all may sit on a dead node: say so, don't choose.
         ambiguous=pl.col("ambiguous") | (pl.col("inference") == "silent_unseen").fill_null(False),
     )
+    # A cause whose lines name nobody (an exception printed without a rank tag) and a launcher that names
+    # the first process to fail (mpirun's `Process name: [[jobid,1],N]`): that rank, at lower confidence.
+    first = (active.filter(pl.col("symptom").is_in(list(cfg.first_failure_symptoms)) & pl.col("target_rank").is_not_null())
+             .group_by(KEY).agg(first_ranks=pl.col("target_rank").unique().sort()))
+    nobody = ((pl.col("culprit_nodes").list.len() == 0) & (pl.col("culprit_ranks").list.len() == 0)
+              & (pl.col("culprit_gpus").list.len() == 0) & (pl.col("culprit_gpu_pci").list.len() == 0)
+              & (pl.col("culprit_local_ranks").list.len() == 0) & pl.col("inference").is_null())
+    verdict = verdict.join(first, on=KEY, how="left").with_columns(
+        launcher_named=(nobody & (pl.col("first_ranks").list.len() == 1)).fill_null(False))
+    verdict = verdict.with_columns(
+        culprit_ranks=pl.when(pl.col("launcher_named")).then(pl.col("first_ranks").cast(pl.List(pl.Int32)))
+        .otherwise(pl.col("culprit_ranks"))).drop("first_ranks")
     # A cause every node (or rank) reports is not in one place: NaN after the all-reduce, a missing
     # module on every rank, a switch under both nodes. Naming them all would blame the whole job.
     spread = stats.group_by(KEY).agg(n_nodes=pl.col("node").drop_nulls().n_unique(),
@@ -389,6 +415,7 @@ def _confidence() -> pl.Expr:
     level = level - pl.col("peer_unresolved").cast(pl.Int32)
     # a node inferred from the job naming one host, not from the line: never enough to drain unasked
     level = level - (pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0)).cast(pl.Int32)
+    level = level - pl.col("launcher_named").cast(pl.Int32)
     # A failed log source may hold the root cause this verdict lacks (the GPU's Xid in a syslog that
     # could not be read, behind the timeouts the applog shows). A root signature stands on its own;
     # the scheduler's COMPLETED too.
@@ -416,6 +443,7 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
         pl.when(pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0))
         .then(pl.lit("culprit node inferred: the only host the logs name")),
+        pl.when(pl.col("launcher_named")).then(pl.lit("culprit rank from the launcher's report of the first process to fail")),
         pl.when(pl.col("widespread")).then(pl.lit("most nodes or ranks report it: the cause is not in one place")),
         pl.when(pl.col("unread") & (pl.col("lines_read") == 0))
         .then(pl.lit("no readable log line: nothing to judge the job by")),

@@ -173,8 +173,8 @@ class _Builder:
         if not isinstance(within, int) or not 1 <= within <= 1000:
             self.bad(where, "places.within must be a whole number of lines (1..1000)")
             within = 1
-        if not gives or set(gives) - {"node", "rank"}:
-            self.bad(where, "places.gives lists node and/or rank")
+        if not gives or set(gives) - {"node", "rank", "peer"}:
+            self.bad(where, "places.gives lists node, rank and/or peer")
         return Places(symptoms=symptoms, within=within, gives=gives)
 
     def _section(self, raw, log: LogMatch | None, where) -> Section | None:

@@ -57,7 +57,9 @@ class Emits:
 @dataclass(frozen=True)
 class Places:
     """A header line's identity given to the lines of its block: the next `within` lines of the same
-    file that emit one of `symptoms` and lack it take the header's `gives` columns (node, rank)."""
+    file that emit one of `symptoms` and lack it take the header's `gives` columns (node, rank); `peer`
+    replaces the line's own peer with the header's (a block that names the lost node by its address
+    above the line that names it only by an id)."""
 
     symptoms: tuple[str, ...]
     within: int

@@ -200,9 +200,10 @@ def place_by_headers(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
     for r in ruleset.rules:
         if r.places is not None:
             grouped.setdefault(r.places, []).append(r.id)
-    none = {"node": pl.lit(None, pl.String), "rank": pl.lit(None, symptoms.schema["rank"])}
+    cols = ("node", "rank", "peer")
+    none = {"node": pl.lit(None, pl.String), "rank": pl.lit(None, symptoms.schema["rank"]), "peer": pl.lit(None, pl.String)}
     found = _nearest_header(symptoms, [
-        (list(p.symptoms), ids, p.within, {f"_h{c}": pl.col(c) if c in p.gives else none[c] for c in ("node", "rank")})
+        (list(p.symptoms), ids, p.within, {f"_h{c}": pl.col(c) if c in p.gives else none[c] for c in cols})
         for p, ids in grouped.items()])
     if found.height == 0:
         return symptoms
@@ -210,9 +211,11 @@ def place_by_headers(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
     # A line under two headers (a pod's description after a node's) belongs to the nearer one.
     place = found.group_by([*by, "seq"]).agg(
         *[pl.col(c).filter(pl.col(c).is_not_null()).sort_by(pl.col("_hseq").filter(pl.col(c).is_not_null()))
-          .last() for c in ("_hnode", "_hrank")])
+          .last() for c in ("_hnode", "_hrank", "_hpeer")])
     out = symptoms.join(place, on=[*by, "seq"], how="left", maintain_order="left")
-    return out.with_columns(node=pl.coalesce("node", "_hnode"), rank=pl.coalesce("rank", "_hrank")).drop("_hnode", "_hrank")
+    # node and rank fill what the line lacks; a header's peer names the line's peer better than its own.
+    return out.with_columns(node=pl.coalesce("node", "_hnode"), rank=pl.coalesce("rank", "_hrank"),
+                            peer=pl.coalesce("_hpeer", "peer")).drop("_hnode", "_hrank", "_hpeer")
 
 
 def set_roles_by_section(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
