@@ -17,7 +17,7 @@ import yaml
 from faultline.evaluate import case_dirs, read_truth, split_of
 
 FIELDS = ("source_url", "commit", "title", "ecosystem", "outcome_category", "culprit", "confidence_of_label",
-          "multi_node", "state", "root_cause")
+          "multi_node", "state", "root_cause", "notes")
 
 
 def manifest(root: Path) -> list[dict]:
