@@ -63,6 +63,18 @@ def _evidence(ruleset, path, use_native: bool, monkeypatch, **kw):
     return ev, col.reports[0]
 
 
+def _both_paths(ruleset, path, monkeypatch, **kw):
+    """The Polars path's evidence of `path`, after asserting the native path gives the same."""
+    want, wrep = _evidence(ruleset, path, False, monkeypatch, **kw)
+    got, grep = _evidence(ruleset, path, True, monkeypatch, **kw)
+    for f in ("bytes", "lines", "status", "reason", "truncated_lines", "replaced_chars"):
+        assert getattr(grep, f) == getattr(wrep, f), (path.name, kw, f)
+    _same(got.stats, want.stats, ["node", "rank"])
+    _same(got.progress, want.progress)
+    _same(got.symptoms, want.symptoms)
+    return want
+
+
 def _same(a: pl.DataFrame, b: pl.DataFrame, by: list[str] | None = None) -> None:
     if by:
         a, b = a.sort(by, nulls_last=True), b.sort(by, nulls_last=True)
@@ -77,13 +89,7 @@ def test_native_scanner_gives_the_polars_paths_evidence_on_random_bytes(ruleset,
         p = tmp_path / f"f{k}.log"
         p.write_bytes(_random_file(rnd, literals))
         kw = {"block_bytes": rnd.choice([64, 333, 4096, 1 << 20]), "max_line": rnd.choice([40, 100, 1 << 16])}
-        want, wrep = _evidence(ruleset, p, False, monkeypatch, **kw)
-        got, grep = _evidence(ruleset, p, True, monkeypatch, **kw)
-        for f in ("bytes", "lines", "status", "reason", "truncated_lines", "replaced_chars"):
-            assert getattr(grep, f) == getattr(wrep, f), (k, f)
-        _same(got.stats, want.stats, ["node", "rank"])
-        _same(got.progress, want.progress)
-        _same(got.symptoms, want.symptoms)
+        _both_paths(ruleset, p, monkeypatch, **kw)
 
 
 @pytest.mark.skipif(not native.available(), reason="the native scanner is not built")
@@ -96,13 +102,7 @@ def test_native_parts_and_threads_give_the_polars_paths_evidence(ruleset, tmp_pa
     p.write_bytes(b"\r".join(_random_file(rnd, literals) for _ in range(650)) + b"no final break")
     assert p.stat().st_size > (1 << 20) + (1 << 19)
     for kw in ({"block_bytes": 4 << 20, "max_line": 1 << 16}, {"block_bytes": 150 << 10, "max_line": 100}):
-        want, wrep = _evidence(ruleset, p, False, monkeypatch, **kw)
-        got, grep = _evidence(ruleset, p, True, monkeypatch, **kw)
-        for f in ("bytes", "lines", "status", "reason", "truncated_lines", "replaced_chars"):
-            assert getattr(grep, f) == getattr(wrep, f), (kw, f)
-        _same(got.stats, want.stats, ["node", "rank"])
-        _same(got.progress, want.progress)
-        _same(got.symptoms, want.symptoms)
+        want = _both_paths(ruleset, p, monkeypatch, **kw)
     assert want.symptoms.height > 100 and want.progress.height == 1
 
 
