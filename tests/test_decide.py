@@ -480,3 +480,11 @@ def test_mpiruns_first_failed_process_names_the_rank_when_the_cause_names_nobody
     tagged = ["[1,5]<stderr>:Traceback (most recent call last):", '[1,5]<stderr>:  File "train.py", line 12',
               "[1,5]<stderr>:KeyError: 'labels'", *MPIRUN_FIRST_FAILED]
     assert diagnose_files([write("mpirun2.log", *tagged)], ruleset)["culprit"]["ranks"] == [5]
+
+
+def test_a_peer_health_retry_the_run_survived_is_set_aside_but_alone_names_the_task(write, ruleset):
+    retry = "WARNING:tensorflow:/job:worker/replica:0/task:5 seems down, retrying 1/3"
+    d = diagnose_files([write("ok/worker.log", retry, "Epoch 1/10 step 200 - loss: 0.4312")], ruleset)
+    assert d["outcome"] == "healthy" and d["culprit"]["ranks"] == []
+    d = diagnose_files([write("bad/worker.log", retry)], ruleset)
+    assert d["outcome"] == "network_socket_rendezvous" and d["culprit"]["ranks"] == [5]
