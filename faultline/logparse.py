@@ -45,6 +45,9 @@ _HOSTNAME = HOST_WORD + r"[\-_]?(?:[A-Za-z]+[\-_.])*[A-Za-z0-9]*\d[A-Za-z0-9]*(?
 # (`10.1.2.3: [rank4]: ...`); a loopback (127.x) or unspecified address is never a host.
 _IPV4 = r"(?:25[0-5]|2[0-4]\d|1(?:[013-9]\d|2[0-689])|[1-9]\d?)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}"
 _PDSH = r"^(?i:(" + _HOSTNAME + r"|" + _IPV4 + r")): "
+# Any host name pdsh relays a torchrun-tagged line from (`v100x16-2: [rank8]: ...`): the `[rankN]:` after
+# it says the prefix is a host, whatever its name (it needs a digit, and a source file is not a host).
+_PDSH_RANKED = r"^([A-Za-z][A-Za-z0-9_\-]*\d[A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*): \[rank\d{1,6}\]:"
 _BRACKET_HOST = r"^\[(?i:(" + _HOSTNAME + r"))\] "
 _TORCHRUN_RANK = r"\[rank(\d{1,6})\]:"
 _TORCHRUN_LOCAL = r"\[(?:default|trainer|worker)(\d{1,4})\]:"
@@ -137,6 +140,7 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None,
         line.str.extract(_XLA_DIST),
         line.str.extract(_KUBECTL),
         line.str.extract(_PDSH),
+        _not_source_file(line.str.extract(_PDSH_RANKED)),
         line.str.extract(_BRACKET_HOST),
         line.str.extract(_NCCL, 1),
         pl.lit(file_node, dtype=pl.String),

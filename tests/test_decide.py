@@ -488,3 +488,19 @@ def test_a_peer_health_retry_the_run_survived_is_set_aside_but_alone_names_the_t
     assert d["outcome"] == "healthy" and d["culprit"]["ranks"] == []
     d = diagnose_files([write("bad/worker.log", retry)], ruleset)
     assert d["outcome"] == "network_socket_rendezvous" and d["culprit"]["ranks"] == [5]
+
+
+def test_a_missing_data_file_before_training_is_a_wrong_path_after_it_storage(write, ruleset):
+    # The rule's `at_startup`: the same FileNotFoundError on a data file means a path that was never
+    # there when no file of the job shows a training step, and data that went away when one does.
+    missing = "[rank2]: FileNotFoundError: [Errno 2] No such file or directory: '/data/shards/train-00017.parquet'"
+    d = diagnose_files([write("a/train.log", "[rank2]: Traceback (most recent call last):", missing)], ruleset)
+    assert d["outcome"] == "config_error" and "before training started" in d["root_cause"]
+    assert d["recommended_action"]["action"] == "fix_and_resubmit"
+    trained = ["[rank0]: step 1200 | loss: 2.113 | lr 3e-4", "[rank2]: Traceback (most recent call last):", missing]
+    d = diagnose_files([write("b/train.log", *trained)], ruleset)
+    assert d["outcome"] == "storage_io" and "mid-run" in d["root_cause"]
+    # progress printed by another file of the job counts too
+    d = diagnose_files([write("c/rank0.log", "[rank0]: step 1200 | loss: 2.113"),
+                        write("c/rank2.log", missing)], ruleset)
+    assert d["outcome"] == "storage_io"

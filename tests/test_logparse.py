@@ -41,6 +41,12 @@ def utc(*a) -> datetime:
     ("127.0.0.1: [rank0]: hello", None, 0, None, None),
     ("1.2.3: RuntimeError: x", None, None, None, None),
     ("10.20.3.41:29500: connect failed", None, None, None, None),
+    # pdsh relaying torchrun output: any host name (with a digit) before `[rankN]:` is the node
+    ("v100x16-2: [rank8]: FileNotFoundError: [Errno 2] No such file", "v100x16-2", 8, None, None),
+    ("tiger-a3.cluster.local: [rank1]: hello", "tiger-a3.cluster.local", 1, None, None),
+    ("train2.py: [rank0]: hello", None, 0, None, None),
+    ("v100x16-2: torch.cuda.OutOfMemoryError", None, None, None, None),
+    ("Error: [rank3]: x", None, 3, None, None),
     # grep -r output: the file's name before the syslog line
     ("messages:Jun 17 20:18:08 ip-10-0-3-7 kernel: INFO: task python:881 blocked", "ip-10-0-3-7", None, None, None),
     ("/var/log/syslog:2024-06-09T11:49:36+0000 gpu-a-3 kernel: NVRM: Xid", "gpu-a-3", None, None, None),

@@ -104,6 +104,7 @@ def test_loader_reports_every_problem_with_file_and_line(tmp_path):
             emits: {symptom: h, role: context, domain: unknown, implicates: none, outcome: unknown}
             places: {symptoms: [no_such_symptom], within: 0, gives: [gpu]}
             section: {symptoms: [s], within: 10, role: boss}
+            at_startup: {outcome: nope, summary: "{nothing}", color: red}
             tests: {match: ["abc"]}
         """))
     (pack / "b.yaml").write_text("rules: [\n")
@@ -113,7 +114,8 @@ def test_loader_reports_every_problem_with_file_and_line(tmp_path):
     for needle in ("a.yaml:2", "id 'Bad Id'", "does not compile", "emits.role 'boss'", "emits.outcome 'nope'",
                    "implicates=peer needs emits.peer", "3+ characters", "a.yaml:7", "has no tests",
                    "b.yaml", "not valid YAML", "places.within", "places.gives",
-                   "places unknown rule or symptom 'no_such_symptom'", "section.role 'boss'"):
+                   "places unknown rule or symptom 'no_such_symptom'", "section.role 'boss'",
+                   "at_startup is a mapping", "at_startup.outcome 'nope'", "at_startup.summary uses {nothing}"):
         assert needle in text, needle
 
 

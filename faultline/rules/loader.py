@@ -18,7 +18,7 @@ import polars as pl
 import yaml
 
 from faultline import taxonomy
-from faultline.rules.model import Emits, JobMatch, LogMatch, Lookup, Places, Rule, RuleTest, Ruleset, Section
+from faultline.rules.model import AtStartup, Emits, JobMatch, LogMatch, Lookup, Places, Rule, RuleTest, Ruleset, Section
 
 BUILTIN_PACKS = Path(__file__).parent / "packs"
 _GROUP_NAME = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
@@ -96,7 +96,7 @@ class _Builder:
         if status not in taxonomy.STATUSES:
             self.bad(where, f"status {status!r} not in {taxonomy.STATUSES}")
         known = {"id", "title", "status", "description", "references", "match", "emits", "priority",
-                 "supersedes", "supersedes_within", "recoverable", "places", "section", "action", "lookup", "tests", "__line__"}
+                 "supersedes", "supersedes_within", "recoverable", "at_startup", "places", "section", "action", "lookup", "tests", "__line__"}
         for key in raw:
             if key not in known:
                 self.bad(where, f"unknown key {key!r}")
@@ -131,6 +131,7 @@ class _Builder:
         if not isinstance(raw.get("recoverable", False), bool):
             self.bad(where, "recoverable is true or false")
 
+        at_startup = self._at_startup(raw["at_startup"], log, emits, where) if "at_startup" in raw else None
         places = self._places(raw["places"], log, where) if "places" in raw else None
         section = self._section(raw["section"], log, where) if "section" in raw else None
 
@@ -156,9 +157,34 @@ class _Builder:
             pack=pack, path=str(path), emits=emits, log=log, job=job, metric=metric,
             references=tuple(str(r) for r in _as_tuple(raw.get("references"))),
             priority=priority, supersedes=tuple(str(s) for s in _as_tuple(raw.get("supersedes"))),
-            supersedes_within=within, recoverable=bool(raw.get("recoverable", False)), places=places,
+            supersedes_within=within, recoverable=bool(raw.get("recoverable", False)), at_startup=at_startup, places=places,
             section=section, action=action, lookup=lookup, tests_match=t_match, tests_no_match=t_no,
         )
+
+    def _at_startup(self, raw, log: LogMatch | None, emits: Emits, where) -> AtStartup | None:
+        if not isinstance(raw, dict):
+            self.bad(where, "at_startup is a mapping of outcome, summary, domain and action")
+            return None
+        if set(raw) - {"outcome", "summary", "domain", "action", "__line__"}:
+            self.bad(where, "at_startup is a mapping of outcome, summary, domain and action: "
+                     f"unknown {sorted(set(raw) - {'outcome', 'summary', 'domain', 'action', '__line__'})}")
+        if log is None:
+            self.bad(where, "at_startup needs a log match (progress is read from log lines)")
+        out = AtStartup(outcome=str(raw.get("outcome", "")), summary=" ".join(str(raw.get("summary", "")).split()),
+                        domain=str(raw.get("domain", "")), action=str(raw.get("action", "")))
+        if out.outcome not in taxonomy.OUTCOMES:
+            self.bad(where, f"at_startup.outcome {out.outcome!r} not in {tuple(taxonomy.OUTCOMES)}")
+        if out.outcome == emits.outcome:
+            self.bad(where, "at_startup.outcome is the rule's own outcome: drop at_startup")
+        if out.domain and out.domain not in taxonomy.DOMAINS:
+            self.bad(where, f"at_startup.domain {out.domain!r} not in {taxonomy.DOMAINS}")
+        if out.action and out.action not in taxonomy.ACTIONS:
+            self.bad(where, f"at_startup.action {out.action!r} not in {taxonomy.ACTIONS}")
+        captures = log.captures if log else ()
+        for name in _TEMPLATE_FIELD.findall(out.summary):
+            if name not in captures and name not in ("node", "rank", "gpu"):
+                self.bad(where, f"at_startup.summary uses {{{name}}}, which is not a capture")
+        return out
 
     def _places(self, raw, log: LogMatch | None, where) -> Places | None:
         if not isinstance(raw, dict) or set(raw) - {"symptoms", "within", "gives", "__line__"}:

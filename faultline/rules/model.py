@@ -97,6 +97,17 @@ class RuleTest:
 
 
 @dataclass(frozen=True)
+class AtStartup:
+    """What a rule's line means when the job shows no training progress at all: the same error at
+    start-up has another cause (a data path that is missing before the first step was never there:
+    config, not storage that failed mid-run)."""
+    outcome: str
+    summary: str = ""
+    domain: str = ""
+    action: str = ""
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     title: str
@@ -113,6 +124,7 @@ class Rule:
     supersedes: tuple[str, ...] = ()
     supersedes_within: int = 0  # > 0: supersede only matches in the next N lines of the same file
     recoverable: bool = False  # set aside when the same file shows training progress after it
+    at_startup: AtStartup | None = None  # outcome (summary, domain, action) when the job never trained
     places: Places | None = None  # a block header: gives its node/rank to the block's lines
     section: Section | None = None  # a section header: sets the role of the section's lines
     action: str = ""

@@ -252,9 +252,33 @@ def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.D
                             ).drop("last_progress")
 
 
+def reread_at_startup(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None) -> pl.DataFrame:
+    """A rule's `at_startup` outcome (summary, domain, action) replaces its own in a job that shows no
+    training progress in any file: the same missing data file is a wrong path at start-up, not storage
+    that failed mid-run. Without progress information (None) nothing is known, so nothing changes."""
+    alt = {r.id: r.at_startup for r in ruleset.rules if r.at_startup is not None}
+    if progress is None or not alt or symptoms.height == 0:
+        return symptoms
+    trained = progress.select(KEY).unique().with_columns(_trained=pl.lit(True))
+    out = symptoms.join(trained, on=KEY, how="left", maintain_order="left")
+    table = pl.DataFrame({"rule_id": list(alt), "_o": [a.outcome for a in alt.values()],
+                          "_s": [a.summary or None for a in alt.values()], "_d": [a.domain or None for a in alt.values()],
+                          "_a": [a.action or None for a in alt.values()]},
+                         schema={"rule_id": pl.String, "_o": pl.String, "_s": pl.String, "_d": pl.String, "_a": pl.String})
+    out = out.join(table, on="rule_id", how="left", maintain_order="left")
+    start = pl.col("_o").is_not_null() & pl.col("_trained").is_null()
+    return out.with_columns(
+        outcome=pl.when(start).then(pl.col("_o")).otherwise(pl.col("outcome")),
+        summary=pl.when(start).then(pl.coalesce("_s", "summary")).otherwise(pl.col("summary")),
+        domain=pl.when(start).then(pl.coalesce("_d", "domain")).otherwise(pl.col("domain")),
+        action=pl.when(start).then(pl.coalesce("_a", "action")).otherwise(pl.col("action")),
+    ).drop("_trained", "_o", "_s", "_d", "_a")
+
+
 def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None,
            stats: pl.DataFrame | None = None) -> pl.DataFrame:
-    out = supersede(set_roles_by_section(place_by_headers(symptoms, ruleset), ruleset), ruleset)
+    out = reread_at_startup(symptoms, ruleset, progress)
+    out = supersede(set_roles_by_section(place_by_headers(out, ruleset), ruleset), ruleset)
     out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress), stats)
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
