@@ -504,3 +504,20 @@ def test_a_missing_data_file_before_training_is_a_wrong_path_after_it_storage(wr
     d = diagnose_files([write("c/rank0.log", "[rank0]: step 1200 | loss: 2.113"),
                         write("c/rank2.log", missing)], ruleset)
     assert d["outcome"] == "storage_io"
+
+
+def test_store_noise_after_clean_exits_is_a_completed_run_a_failed_exit_is_not(write, ruleset):
+    # Workers that finished tear the c10d store down with them; peers still shutting down print
+    # connection resets. With the launcher saying every worker exited cleanly, that is a completed run.
+    noise = ["gpu-b08: [rank9]:[W1102 08:14:52.118 TCPStore.cpp:106] [c10d] sendBytes failed on "
+             "SocketImpl(fd=88, addr=[::]:41133, remote=[gpu-b07]:29500): Connection reset by peer",
+             "gpu-b08: Exception raised from recvBytes at /pytorch/torch/csrc/distributed/c10d/Utils.hpp:679 "
+             "(most recent call first):"]
+    clean = [f"gpu-b0{n}: [2025-11-02 08:14:51,30{n}] [INFO] [launch.py:367:main] Process 77120{n} exits successfully."
+             for n in (7, 8)]
+    d = diagnose_files([write("a/log.txt", *clean, *noise)], ruleset)
+    assert d["outcome"] == "healthy" and d["culprit"] == NOBODY
+    failed = [clean[0], "gpu-b08: [2025-11-02 08:14:51,400] [INFO] [launch.py:335:sigkill_handler] Killing subprocess 771208",
+              "gpu-b08: [2025-11-02 08:14:51,401] [ERROR] [launch.py:341:sigkill_handler] ['/usr/bin/python3', '-u', "
+              "'train.py', '--local_rank=1'] exits with return code = 1", *noise]
+    assert diagnose_files([write("b/log.txt", *failed)], ruleset)["outcome"] != "healthy"
