@@ -68,7 +68,8 @@ def culprit_matches(truth: str, culprit: dict) -> bool:
     pci = {_pci_key(x) for x in _PCI.findall(text)}
     if pci & {_pci_key(x) for x in culprit.get("gpu_pci") or []}:
         return True
-    gpus = {int(x) for x in re.findall(r"\bgpu\s*(\d+)", text)}
+    # `GPU 1`, `GPU1`, `GPU:1` (TF's device name), `cuda:1` (a torch device)
+    gpus = {int(x) for x in re.findall(r"\b(?:gpu|cuda)\s*:?\s*(\d+)", text)}
     return bool(gpus & set(culprit.get("gpus") or []) and not culprit.get("nodes"))
 
 

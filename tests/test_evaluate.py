@@ -22,3 +22,9 @@ def test_a_bare_gpu_index_counts_only_without_a_node():
     assert culprit_matches("GPU 2", cul(gpus=[2]))
     assert not culprit_matches("GPU 2", cul(gpus=[2], nodes=["node9"]))
     assert culprit_matches("GPU 0000:3b:00.0", cul(gpu_pci=["0000:3b:00"]))
+
+
+def test_device_names_of_a_gpu_are_its_index():
+    assert culprit_matches("GPU:1", cul(gpus=[1])) and culprit_matches("cuda:0", cul(gpus=[0]))
+    assert culprit_matches("GPU1 of the job", cul(gpus=[1]))
+    assert not culprit_matches("cuda:0", cul(gpus=[1])) and not culprit_matches("TPU:4", cul(gpus=[4]))
