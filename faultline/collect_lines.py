@@ -35,9 +35,10 @@ def _own_copy(s: pl.Expr) -> pl.Expr:
 
 
 def unquote(line: pl.Expr) -> pl.Expr:
-    """A log quoted in a reply (`> ` or `>> ` before every line: mailing lists, forum and issue replies)
-    reads as the log itself; a quote marker says nothing about who spoke or what failed."""
-    return line.str.replace(r"^(?:>[ \t]?)+", "")
+    """A log quoted in a reply (`> ` or `>> ` before every line: mailing lists, forum and issue replies;
+    or each line in markdown's inline-code backticks) reads as the log itself; a quote marker says nothing
+    about who spoke or what failed."""
+    return line.str.replace(r"^(?:>[ \t]?)+", "").str.replace(r"^`([^`\n]*)`\s*$", "${1}")
 
 
 @dataclass

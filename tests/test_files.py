@@ -111,3 +111,13 @@ def test_arrow_line_splitter_gives_the_python_splitters_lines_and_counts(tmp_pat
         assert got[0] == want[0]
         assert (got[1].bytes, got[1].truncated_lines, got[1].replaced_chars) == \
             (want[1].bytes, want[1].truncated_lines, want[1].replaced_chars)
+
+
+def test_a_log_pasted_in_inline_code_reads_as_the_log(write, ruleset):
+    # Markdown's backticks around every pasted line (issue and forum posts) say nothing about the failure.
+    from faultline.pipeline import diagnose_files
+    p = write("pasted.txt", "`[rank1]: Traceback (most recent call last):`",
+              '`  File "train.py", line 8, in <module>`',
+              "`[rank1]: ValueError: expected 3 channels, got 4`")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"]["ranks"] == [1]

@@ -435,10 +435,11 @@ QUOTE_SAMPLE = 1 << 16  # bytes read to tell a quoted log
 
 def looks_quoted(path: Path) -> bool:
     """A log pasted as a quote in a reply (mailing lists, forums, issue replies): most of its first lines
-    start with `>`. A log of its own may have a few such lines (Megatron's `> building ...`); a quoted one
-    has them nearly everywhere."""
-    lines = [x for x in sample_text(path, QUOTE_SAMPLE).to_list()[:200] if x.strip()]
-    return len(lines) >= 3 and sum(x.startswith(">") for x in lines) * 2 >= len(lines)
+    start with `>`, or each is wrapped in markdown's inline-code backticks. A log of its own may have a few
+    such lines (Megatron's `> building ...`); a quoted one has them nearly everywhere."""
+    lines = [x.rstrip() for x in sample_text(path, QUOTE_SAMPLE).to_list()[:200] if x.strip()]
+    marked = sum(x.startswith(">") or (len(x) > 2 and x.startswith("`") and x.endswith("`")) for x in lines)
+    return len(lines) >= 3 and marked * 2 >= len(lines)
 
 
 def sample_text(path: Path, limit: int = 1 << 20) -> pl.Series:
