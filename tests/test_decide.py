@@ -521,3 +521,18 @@ def test_store_noise_after_clean_exits_is_a_completed_run_a_failed_exit_is_not(w
               "gpu-b08: [2025-11-02 08:14:51,401] [ERROR] [launch.py:341:sigkill_handler] ['/usr/bin/python3', '-u', "
               "'train.py', '--local_rank=1'] exits with return code = 1", *noise]
     assert diagnose_files([write("b/log.txt", *failed)], ruleset)["outcome"] != "healthy"
+
+
+def test_a_time_limit_after_a_fault_is_how_the_job_ended_not_why(write, ruleset):
+    ib = ("gpu-a-51:73076:73185 [4] transport/net_ib.cc:1238 NCCL WARN NET/IB : Got completion from peer "
+          "10.3.0.48<37948> with error 12, opcode 2, len 1, vendor err 129")
+    limit = "slurmstepd: error: *** JOB 416593 ON gpu-a-50 CANCELLED AT 2025-01-27T14:51:17 DUE TO TIME LIMIT ***"
+    # the fabric error came first and the job sat until its wall time: the error is the cause
+    d = diagnose_files([write("a/slurm-416593.out", "[rank0]: step 100 loss: 2.31", ib, limit)], ruleset)
+    assert d["outcome"] == "network_ib"
+    # the same error printed after the limit's SIGTERM is teardown noise of the kill
+    d = diagnose_files([write("b/slurm-416593.out", "[rank0]: step 100 loss: 2.31", limit, ib)], ruleset)
+    assert d["outcome"] == "scheduler_timelimit"
+    # in another file with no times nothing orders them: the limit stands
+    d = diagnose_files([write("c/slurm-416593.out", limit), write("c/rank4.log", ib)], ruleset)
+    assert d["outcome"] == "scheduler_timelimit"

@@ -275,11 +275,41 @@ def reread_at_startup(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.Dat
     ).drop("_trained", "_o", "_s", "_d", "_a")
 
 
+ENDINGS = ("scheduler_timelimit",)  # what ends a job at the scheduler's word, whatever stopped it before
+_FAULT_ROLES = ("root", "confirmation", "cascade")
+_NOT_FAULTS = ("scheduler_timelimit", "scheduler_preemption_cancel", "healthy", "unknown")
+
+
+def end_after_fault(symptoms: pl.DataFrame) -> pl.DataFrame:
+    """A time limit that ends a job in which a fault showed before it (an IB completion error, a watchdog
+    timeout: a job that had stopped and sat until the wall time) is how that job ended, not why: it becomes
+    teardown. Before means earlier in the same file, or by timestamp; a fault that cannot be ordered
+    against the limit (another file without times) does not count, since ranks print resets and timeouts
+    after the limit's SIGTERM too."""
+    if symptoms.height == 0:
+        return symptoms
+    live = pl.col("superseded_by").is_null()
+    ends = (symptoms.filter(live & pl.col("outcome").is_in(ENDINGS) & (pl.col("role") == "root"))
+            .select(*KEY, e_file="file", e_seq="seq", e_ts="ts"))
+    if ends.height == 0:
+        return symptoms
+    faults = symptoms.filter(live & pl.col("role").is_in(_FAULT_ROLES) & ~pl.col("outcome").is_in(_NOT_FAULTS)
+                             ).select(*KEY, "file", "seq", "ts")
+    before = faults.join(ends, on=KEY).filter(
+        ((pl.col("file") == pl.col("e_file")) & (pl.col("seq") < pl.col("e_seq"))).fill_null(False)
+        | (pl.col("ts") < pl.col("e_ts")).fill_null(False))
+    stopped = before.select(KEY).unique().with_columns(_stopped=pl.lit(True))
+    out = symptoms.join(stopped, on=KEY, how="left", maintain_order="left")
+    demote = pl.col("_stopped").fill_null(False) & pl.col("outcome").is_in(ENDINGS) & (pl.col("role") == "root")
+    return out.with_columns(role=pl.when(demote).then(pl.lit("teardown")).otherwise(pl.col("role"))).drop("_stopped")
+
+
 def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None,
            stats: pl.DataFrame | None = None) -> pl.DataFrame:
     out = reread_at_startup(symptoms, ruleset, progress)
     out = supersede(set_roles_by_section(place_by_headers(out, ruleset), ruleset), ruleset)
     out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress), stats)
+    out = end_after_fault(out)
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
     named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(
