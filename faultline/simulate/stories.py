@@ -798,15 +798,19 @@ class Story:
     def f_checkpoint(self) -> None:  # save variant (load is a startup failure)
         r = self.rng
         path = f"/checkpoints/run{int(r.integers(1, 99))}/global_step{int(r.integers(1, 90)) * 1000}"
+        # (a short write of torch's zip writer is the filesystem's fault, storage_io: not this story)
+        layer = int(r.integers(0, 48))
         if r.random() < 0.5:
-            exc = f"{{P}} RuntimeError: [enforce fail at inline_container.cc:603] . unexpected pos {int(r.integers(1e9, 4e9))} vs {int(r.integers(1e9, 4e9))}"
+            exc = (f"{{P}} megatron.core.dist_checkpointing.core.CheckpointingException: Invalid access pattern for "
+                   f"ShardedTensor(key='decoder.layers.{layer}.mlp.linear_fc1.weight'): some shards are saved by more than one rank")
         else:
-            exc = "{P} RuntimeError: PytorchStreamWriter failed writing file data/322: file write failed"
+            exc = (f"{{P}} megatron.core.dist_checkpointing.core.CheckpointingException: Invalid sharding pattern validation. "
+                   f"Errors: ShardedTensor decoder.layers.{layer}.self_attention.linear_qkv.weight is not fully covered")
         self.detail = f"save to {path} failed"
         self._rank_dies([0], lambda k: ["{P} Traceback (most recent call last):", *TRAIN_FRAMES,
-                                        "{P}     torch.save(state, f'{path}/model_states.pt')",
-                                        f'{{P}}   File "{PY_LIB}/torch/serialization.py", line 651, in save',
-                                        "{P}     with _open_zipfile_writer(f) as opened_zipfile:", exc], 1)
+                                        "{P}     save_checkpoint(iteration, model, optimizer, opt_param_scheduler)",
+                                        f'{{P}}   File "{PY_LIB}/megatron/core/dist_checkpointing/serialization.py", line 389, in save',
+                                        "{P}     validate_sharding_integrity(determine_global_metadata(sharded_state_dict)[1])", exc], 1)
 
     def f_storage_error(self) -> None:
         r = self.rng
