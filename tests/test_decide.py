@@ -536,3 +536,13 @@ def test_a_time_limit_after_a_fault_is_how_the_job_ended_not_why(write, ruleset)
     # in another file with no times nothing orders them: the limit stands
     d = diagnose_files([write("c/slurm-416593.out", limit), write("c/rank4.log", ib)], ruleset)
     assert d["outcome"] == "scheduler_timelimit"
+
+
+def test_torchrun_names_the_worker_that_exited_on_its_own_not_those_it_stopped(write, ruleset):
+    lines = ["W0801 13:23:17.366000 32974 torch/distributed/elastic/multiprocessing/api.py:900] Sending process "
+             f"3305{n} closing signal SIGTERM" for n in (1, 2, 3)]
+    lines.append("E0801 13:23:20.000000 32974 torch/distributed/elastic/multiprocessing/api.py:874] failed "
+                 "(exitcode: 1) local_rank: 3 (pid: 33054) of binary: /opt/conda/bin/python3.10")
+    d = diagnose_files([write("train.log", *lines)], ruleset)
+    assert d["outcome"] == "unknown" and d["culprit"] == {**NOBODY, "local_ranks": [3]}
+    assert d["recommended_action"]["action"] == "human_review"
