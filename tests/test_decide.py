@@ -488,3 +488,21 @@ def test_a_peer_health_retry_the_run_survived_is_set_aside_but_alone_names_the_t
     assert d["outcome"] == "healthy" and d["culprit"]["ranks"] == []
     d = diagnose_files([write("bad/worker.log", retry)], ruleset)
     assert d["outcome"] == "network_socket_rendezvous" and d["culprit"]["ranks"] == [5]
+
+
+def test_a_stall_report_listing_the_ready_ranks_names_the_rank_left_out(write, ruleset):
+    # Horovod before 0.13.6 listed who HAD submitted the tensor; the rank missing from the list is the suspect.
+    stall = ("Stalled ops: HorovodAllreduce_grads_3 [ready ranks: 0, 1, 3, 4, 5], "
+             "HorovodAllreduce_grads_4 [ready ranks: 0, 1, 3, 4, 5]")
+    seen = [f"[1,{r}]<stderr>:INFO:tensorflow:Done running local_init_op." for r in (0, 1, 2, 3, 4, 5)]
+    d = diagnose_files([write("hvd.log", *seen, stall)], ruleset)
+    # rank 2 logged (it is up) but never reached the collective: it is the one the others wait on
+    assert d["outcome"] == "nccl_timeout_hang" and not d["ambiguous"]
+    assert d["culprit"]["ranks"] == [2]
+    # a rank that printed nothing at all may be on a lost node: named as a candidate, not chosen
+    d = diagnose_files([write("hvd2.log", *seen[:2], *seen[3:], stall)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["ambiguous"] and d["culprit"]["ranks"] == []
+    assert any(c["culprit"]["ranks"] == [2] for c in d["candidates"])
+    # everyone ready in the list names no one
+    d = diagnose_files([write("hvd3.log", *seen, stall.replace("0, 1, 3", "0, 1, 2, 3"))], ruleset)
+    assert d["culprit"]["ranks"] == []
