@@ -506,3 +506,19 @@ def test_a_stall_report_listing_the_ready_ranks_names_the_rank_left_out(write, r
     # everyone ready in the list names no one
     d = diagnose_files([write("hvd3.log", *seen, stall.replace("0, 1, 3", "0, 1, 2, 3"))], ruleset)
     assert d["culprit"]["ranks"] == []
+
+
+def test_work_numbers_of_different_process_groups_are_not_compared(write, ruleset):
+    # SeqNums count per process group: rank 3's timeout in its small tensor-parallel group (work 40) is not
+    # "behind" the default group's work 1580 the others timed out at.
+    wd = ("[rank{r}]:[E1206 18:44:13.275158817 ProcessGroupNCCL.cpp:607] [PG ID {pg} PG GUID {pg}({name}) Rank {g}] "
+          "Watchdog caught collective operation timeout: WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, NumelIn=1, "
+          "NumelOut=1, Timeout(ms)=600000) ran for 600060 milliseconds before timing out.")
+    lines = [wd.format(r=r, pg=0, name="default_pg", g=r, s=1580) for r in (0, 1, 2)]
+    lines.append(wd.format(r=3, pg=2, name="tp", g=1, s=40))
+    d = diagnose_files([write("train.log", *lines)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["culprit"]["ranks"] == []
+    # within one group the one behind is still named
+    lines.append(wd.format(r=2, pg=2, name="tp", g=0, s=41))
+    d = diagnose_files([write("train2.log", *lines)], ruleset)
+    assert d["culprit"]["ranks"] == [3]

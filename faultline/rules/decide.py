@@ -184,12 +184,13 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
                  .join(hang.group_by(KEY).agg(world=_cap("world_size").cast(pl.Int32, strict=False).max()), on=KEY))
     seen = stats.filter(pl.col("rank").is_not_null()).group_by(KEY).agg(seen=pl.col("rank").unique())
     # Last completed work: the watchdog's own report, or one before the SeqNum a rank timed out at
-    # (ranks out of step time out at different SeqNums; the lowest is behind).
+    # (ranks out of step time out at different SeqNums; the lowest is behind). Work numbers count per
+    # process group: compared only within one (a sub-group's work 40 is not behind the default group's 1580).
     progress = (hang.with_columns(lc=pl.coalesce(_cap("last_completed").cast(pl.Int64, strict=False),
-                                                 _cap("seq").cast(pl.Int64, strict=False) - 1))
+                                                 _cap("seq").cast(pl.Int64, strict=False) - 1), pg=_pg())
                 .filter(pl.col("lc").is_not_null() & pl.col("rank").is_not_null())
-                .group_by([*KEY, "rank"]).agg(pl.col("lc").max()))
-    lag = (progress.with_columns(lo=pl.col("lc").min().over(KEY), hi=pl.col("lc").max().over(KEY))
+                .group_by([*KEY, "pg", "rank"]).agg(pl.col("lc").max()))
+    lag = (progress.with_columns(lo=pl.col("lc").min().over([*KEY, "pg"]), hi=pl.col("lc").max().over([*KEY, "pg"]))
            .filter((pl.col("lc") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")))
            .group_by(KEY).agg(laggards=pl.col("rank").unique().sort()))
     # All completed the same work: the rank that did not even enqueue the next one (its last enqueued
