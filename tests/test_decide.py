@@ -546,3 +546,36 @@ def test_torchrun_names_the_worker_that_exited_on_its_own_not_those_it_stopped(w
     d = diagnose_files([write("train.log", *lines)], ruleset)
     assert d["outcome"] == "unknown" and d["culprit"] == {**NOBODY, "local_ranks": [3]}
     assert d["recommended_action"]["action"] == "human_review"
+
+def test_a_stall_report_listing_the_ready_ranks_names_the_rank_left_out(write, ruleset):
+    # Horovod before 0.13.6 listed who HAD submitted the tensor; the rank missing from the list is the suspect.
+    stall = ("Stalled ops: HorovodAllreduce_grads_3 [ready ranks: 0, 1, 3, 4, 5], "
+             "HorovodAllreduce_grads_4 [ready ranks: 0, 1, 3, 4, 5]")
+    seen = [f"[1,{r}]<stderr>:INFO:tensorflow:Done running local_init_op." for r in (0, 1, 2, 3, 4, 5)]
+    d = diagnose_files([write("hvd.log", *seen, stall)], ruleset)
+    # rank 2 logged (it is up) but never reached the collective: it is the one the others wait on
+    assert d["outcome"] == "nccl_timeout_hang" and not d["ambiguous"]
+    assert d["culprit"]["ranks"] == [2]
+    # a rank that printed nothing at all may be on a lost node: named as a candidate, not chosen
+    d = diagnose_files([write("hvd2.log", *seen[:2], *seen[3:], stall)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["ambiguous"] and d["culprit"]["ranks"] == []
+    assert any(c["culprit"]["ranks"] == [2] for c in d["candidates"])
+    # everyone ready in the list names no one
+    d = diagnose_files([write("hvd3.log", *seen, stall.replace("0, 1, 3", "0, 1, 2, 3"))], ruleset)
+    assert d["culprit"]["ranks"] == []
+
+
+def test_work_numbers_of_different_process_groups_are_not_compared(write, ruleset):
+    # SeqNums count per process group: rank 3's timeout in its small tensor-parallel group (work 40) is not
+    # "behind" the default group's work 1580 the others timed out at.
+    wd = ("[rank{r}]:[E1206 18:44:13.275158817 ProcessGroupNCCL.cpp:607] [PG ID {pg} PG GUID {pg}({name}) Rank {g}] "
+          "Watchdog caught collective operation timeout: WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, NumelIn=1, "
+          "NumelOut=1, Timeout(ms)=600000) ran for 600060 milliseconds before timing out.")
+    lines = [wd.format(r=r, pg=0, name="default_pg", g=r, s=1580) for r in (0, 1, 2)]
+    lines.append(wd.format(r=3, pg=2, name="tp", g=1, s=40))
+    d = diagnose_files([write("train.log", *lines)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["culprit"]["ranks"] == []
+    # within one group the one behind is still named
+    lines.append(wd.format(r=2, pg=2, name="tp", g=0, s=41))
+    d = diagnose_files([write("train2.log", *lines)], ruleset)
+    assert d["culprit"]["ranks"] == [3]

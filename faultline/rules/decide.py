@@ -24,7 +24,8 @@ from faultline.rules.refine import named_peer
 class DecideConfig:
     skew_s: float = 10.0  # clock-skew tolerance across nodes
     band: int = 10  # priorities this close cannot break a tie between causes
-    hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait")
+    hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait",
+                                      "stalled_ready_ranks")
     max_world: int = MAX_WORLD  # ranks a job can have; larger printed world sizes are not believed
     # launcher lines naming the first process to fail: its rank when the deciding lines name nobody
     first_failure_symptoms: tuple[str, ...] = ("mpi_process_named",)
@@ -173,18 +174,23 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
         return pl.DataFrame(schema={**{k: active.schema[k] for k in KEY}, "silent_seen": pl.List(pl.Int32),
                                     "silent_unseen": pl.List(pl.Int32), "laggards": pl.List(pl.Int32),
                                     "odd_op": pl.List(pl.Int32), "suspect_nodes": pl.List(pl.String)})
-    reporting = hang.group_by(KEY).agg(
-        reporting=pl.col("rank").drop_nulls().unique(),
-        world=_cap("world_size").cast(pl.Int32, strict=False).max(),
-    )
+    # A stall report that lists the ranks which reached the collective (Horovod's `[ready ranks: 5, 1, 0]`)
+    # speaks for them: they count as reporting, so the ranks left out of it are the silent ones.
+    said_ready = (hang.select(*KEY, rank=_cap("ready_ranks").str.extract_all(r"\d+"))
+                  .explode("rank").drop_nulls("rank")
+                  .with_columns(pl.col("rank").cast(hang.schema["rank"], strict=False)))
+    reporting = (pl.concat([hang.select(*KEY, "rank"), said_ready], how="vertical").group_by(KEY)
+                 .agg(reporting=pl.col("rank").drop_nulls().unique())
+                 .join(hang.group_by(KEY).agg(world=_cap("world_size").cast(pl.Int32, strict=False).max()), on=KEY))
     seen = stats.filter(pl.col("rank").is_not_null()).group_by(KEY).agg(seen=pl.col("rank").unique())
     # Last completed work: the watchdog's own report, or one before the SeqNum a rank timed out at
-    # (ranks out of step time out at different SeqNums; the lowest is behind).
+    # (ranks out of step time out at different SeqNums; the lowest is behind). Work numbers count per
+    # process group: compared only within one (a sub-group's work 40 is not behind the default group's 1580).
     progress = (hang.with_columns(lc=pl.coalesce(_cap("last_completed").cast(pl.Int64, strict=False),
-                                                 _cap("seq").cast(pl.Int64, strict=False) - 1))
+                                                 _cap("seq").cast(pl.Int64, strict=False) - 1), pg=_pg())
                 .filter(pl.col("lc").is_not_null() & pl.col("rank").is_not_null())
-                .group_by([*KEY, "rank"]).agg(pl.col("lc").max()))
-    lag = (progress.with_columns(lo=pl.col("lc").min().over(KEY), hi=pl.col("lc").max().over(KEY))
+                .group_by([*KEY, "pg", "rank"]).agg(pl.col("lc").max()))
+    lag = (progress.with_columns(lo=pl.col("lc").min().over([*KEY, "pg"]), hi=pl.col("lc").max().over([*KEY, "pg"]))
            .filter((pl.col("lc") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")))
            .group_by(KEY).agg(laggards=pl.col("rank").unique().sort()))
     # All completed the same work: the rank that did not even enqueue the next one (its last enqueued
