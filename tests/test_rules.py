@@ -119,6 +119,28 @@ def test_loader_reports_every_problem_with_file_and_line(tmp_path):
         assert needle in text, needle
 
 
+def test_a_builtin_pack_loads_alone_but_an_operator_typo_in_supersedes_does_not(tmp_path):
+    from faultline.rules.loader import BUILTIN_PACKS
+    # slurm's task-exit lines supersede the outside-stop symptoms of the pytorch/python packs
+    alone = load_ruleset([BUILTIN_PACKS / "slurm"], builtin=False)
+    exit_code = next(r for r in alone.rules if r.id == "slurm.srun_task_exit_code")
+    assert "torchrun_agent_signal" in exit_code.supersedes
+    pack = tmp_path / "mine"
+    pack.mkdir()
+    (pack / "a.yaml").write_text(textwrap.dedent("""\
+        rules:
+          - id: mine.x
+            title: x
+            description: y
+            match: {log: {literals: ["abc"], regex: "abc"}}
+            emits: {symptom: s, role: root, domain: hardware, implicates: self, outcome: gpu_hardware}
+            supersedes: [no_such_symptom]
+            tests: {match: ["abc"]}
+        """))
+    with pytest.raises(RulesetError, match="supersedes unknown rule or symptom 'no_such_symptom'"):
+        load_ruleset([pack], builtin=False)
+
+
 def test_operator_pack_overrides_builtin_rule_by_id(tmp_path, ruleset):
     pack = tmp_path / "site"
     pack.mkdir()

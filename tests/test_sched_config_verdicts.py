@@ -20,13 +20,37 @@ def test_old_slurm_time_limit_banner_over_sigterm_teardown(write, ruleset):
     assert d["culprit"]["nodes"] == [] and not _drains(d)
 
 
-def test_sigterm_alone_is_not_a_preemption(write, ruleset):
-    # torchrun's agent being told to stop says someone stopped it, not who or why.
+def test_sigterm_alone_reads_as_an_outside_stop(write, ruleset):
+    # torchrun's agent being told to stop: someone stopped the job from outside (a cancel, a preemption, a
+    # pod deletion). With nothing else in the logs that is the verdict, at low confidence and blaming nobody.
     p = write("train.log",
               "W0510 07:30:01.123000 140 torch/distributed/elastic/agent/server/api.py:704] Received Signals.SIGTERM "
               "death signal, shutting down workers",
               "torch.distributed.elastic.multiprocessing.api.SignalException: Process 3432 got signal: 15")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "scheduler_preemption_cancel", d
+    assert d["confidence"] == "low" and d["culprit"]["nodes"] == [] and not _drains(d)
+
+
+def test_sigterm_after_a_task_exited_is_srun_teardown(write, ruleset):
+    # srun reported a task exiting on its own before the others were SIGTERMed: its own teardown, the cause
+    # is that task's (not shown), not an outside stop.
+    p = write("slurm-66120.out",
+              "srun: error: gpu-b07: task 0: Exited with exit code 1",
+              "srun: Terminating StepId=66120.0",
+              "W0510 07:30:01.123000 140 torch/distributed/elastic/agent/server/api.py:704] Received Signals.SIGTERM "
+              "death signal, shutting down workers",
+              "/var/spool/slurmd/job66120/slurm_script: line 9: 4410 Terminated              srun python train.py")
     assert diagnose_files([p], ruleset)["outcome"] == "unknown"
+
+
+def test_sigterm_after_an_error_is_not_a_cancel(write, ruleset):
+    p = write("train.log",
+              "[rank1]: ValueError: expected 4 channels, got 3",
+              "W0510 07:30:01.123000 140 torch/distributed/elastic/agent/server/api.py:704] Received Signals.SIGTERM "
+              "death signal, shutting down workers",
+              "Terminated")
+    assert diagnose_files([p], ruleset)["outcome"] == "user_code_error"
 
 
 def test_task_failure_banner_is_teardown_not_a_cancel(write, ruleset):
