@@ -29,6 +29,8 @@ from datetime import datetime, timezone
 
 import polars as pl
 
+from faultline.hostwords import HOST_WORD_LONG, HOST_WORD_SHORT
+
 MONTHS = {m: f"{i:02d}" for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
 
@@ -36,8 +38,6 @@ MONTHS = {m: f"{i:02d}" for i, m in enumerate(
 # with one torchrun per node. Which one cannot be told from the line, so it is not read as a rank.
 # Host names that prefix lines (pdsh, DeepSpeed, wrappers) count only when they look like cluster
 # hosts: a known host word and a digit, so `RuntimeError: ` is never a node.
-HOST_WORD_LONG = r"(?:node|host|gpu|worker|compute|dgx|hgx|srv|server|hpc|a100|h100|h200|b200|gb200|trn|p4d|p5)"
-HOST_WORD_SHORT = r"(?:cn|nid|ip|n)"  # too short to mean a host unless a digit follows
 HOST_WORD = r"(?:" + HOST_WORD_LONG + "|" + HOST_WORD_SHORT + ")"
 # letters-only segments may come before the one with the digit: gpu-q-13, node-a-0007
 _HOSTNAME = HOST_WORD + r"[\-_]?(?:[A-Za-z]+[\-_.])*[A-Za-z0-9]*\d[A-Za-z0-9]*(?:[\-.][A-Za-z0-9]+)*"

@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import polars as pl
 import yaml
 
 from faultline import taxonomy
@@ -60,6 +59,8 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 
 def regex_problem(regex: str) -> str | None:
     """Compile with the engine's own regex (Rust, via Polars) and say what is wrong, if anything."""
+    import polars as pl  # here: a ruleset from the cache needs no Polars (the CLI reads before its import ends)
+
     try:
         pl.Series([""], dtype=pl.String).str.contains(regex)
     except Exception as exc:  # polars raises ComputeError with the Rust message
