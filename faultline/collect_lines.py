@@ -18,7 +18,8 @@ from faultline import native
 from faultline.collectors import files as filecol
 from faultline.limits import CLI_READ, ReadLimits
 from faultline.evidence import (JOBS_SCHEMA, PROGRESS_SCHEMA, STATS_SCHEMA, Evidence, file_coverage)
-from faultline.logparse import PROGRESS, TS_DTYPE, detail_exprs, identity_exprs, progress_lines, with_identity_keys
+from faultline.logparse import (PROGRESS, TS_DTYPE, detail_exprs, identity_exprs, line_times, progress_lines,
+                                with_identity_keys)
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
 
@@ -218,7 +219,8 @@ class LineCollector:
             # extract; the line's own time wins over the time a source received it)
             d = detail_exprs(self.year)
             sym = sym.with_columns(local_rank=pl.coalesce("local_rank", d["local_rank"]),
-                                   gpu=pl.coalesce("gpu", d["gpu"]), ts=pl.coalesce(d["ts"], "ts"))
+                                   gpu=pl.coalesce("gpu", d["gpu"]),
+                                   ts=pl.coalesce(pl.lit(line_times(sym["line"], self.year)), "ts"))
             sym = (sym.join(cand.select("file", "seq", "_blk"), on=["file", "seq"], how="left", maintain_order="left")
                    .sort("_blk", maintain_order=True).drop("_blk"))
         self._symptoms.append(sym)
