@@ -88,17 +88,25 @@ def exit_status(d: dict) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from faultline.pipeline import diagnose_files
-    from faultline.render import render
+    from faultline import native
 
-    ruleset = _ruleset(args)
+    ruleset = _ruleset(args)  # from its cache, without Polars
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing and len(missing) == len(args.paths):
         print(f"faultline: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
     job_id, guessed = (args.job_id, False) if args.job_id else default_job_id(args.paths)
-    d = diagnose_files(args.paths, ruleset, job_id=job_id, job_id_guessed=guessed,
-                       cluster=args.cluster, state=args.state, exit_code=args.exit_code)
+    # The first file's native scan starts before Polars is imported (~0.25 s): they run side by side.
+    pre = native.prestart(args.paths, ruleset)
+    try:
+        from faultline.pipeline import diagnose_files
+        from faultline.render import render
+
+        d = diagnose_files(args.paths, ruleset, job_id=job_id, job_id_guessed=guessed,
+                           cluster=args.cluster, state=args.state, exit_code=args.exit_code, prestarted=pre)
+    finally:
+        if pre is not None:
+            pre.close()
     if args.format == "json":
         print(json.dumps(d, sort_keys=False, default=str))
     else:

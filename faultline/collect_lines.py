@@ -18,7 +18,8 @@ from faultline import native
 from faultline.collectors import files as filecol
 from faultline.limits import CLI_READ, ReadLimits
 from faultline.evidence import (JOBS_SCHEMA, PROGRESS_SCHEMA, STATS_SCHEMA, Evidence, file_coverage)
-from faultline.logparse import PROGRESS, TS_DTYPE, detail_exprs, identity_exprs, progress_lines, with_identity_keys
+from faultline.logparse import (PROGRESS, TS_DTYPE, detail_exprs, identity_exprs, line_times, progress_lines,
+                                with_identity_keys)
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_logs, prefilter_expr, prefilter_literals
 from faultline.rules.model import Ruleset
 
@@ -78,9 +79,11 @@ class LineCollector:
         return rep
 
     def read_file(self, path: Path, rep: filecol.FileReport, limits: ReadLimits = CLI_READ,
-                  block_bytes: int = filecol.BLOCK_BYTES, max_line: int = filecol.MAX_LINE) -> None:
+                  block_bytes: int = filecol.BLOCK_BYTES, max_line: int = filecol.MAX_LINE,
+                  reader: native.Reader | None = None) -> None:
         """One file on disk through the collect step, within the job's `limits`. Whatever stopped the
-        reading (damage, a limit) is on `rep`, with what was read before it kept: never raised."""
+        reading (damage, a limit) is on `rep`, with what was read before it kept: never raised. `reader`:
+        this file's native read, already started (native.prestart); used if it reads what this would."""
         left_bytes, left_lines = limits.job_bytes - self.bytes_read, limits.job_lines - self.lines_read
         if left_bytes <= 0 or left_lines <= 0:
             what = f"{limits.job_bytes} bytes of text" if left_bytes <= 0 else f"{limits.job_lines} lines"
@@ -91,16 +94,17 @@ class LineCollector:
         seq = 0
         quoted = filecol.looks_quoted(path)  # read by the Polars path, which takes the quote marks off
         scanner = None if quoted else native.scanner(tuple(self.literals))
+        if reader is not None and (scanner is None or reader.rep is not rep
+                                   or reader.key != (path, scanner, block_bytes, max_line, cap, left_lines)):
+            reader.close()
+            reader = None
         try:
-            if scanner is not None:  # the native pass: no frame of every line
-                limit = max_line + len(filecol.TRUNCATED) + 12  # as files._frame cuts
-                for pre, data in filecol.pieces(path, rep, block_bytes, max_line, max_bytes=cap):
-                    d = native.scan(scanner, pre, data, max_line, limit, max_lines=left_lines)
-                    left_lines -= d.lines
+            if scanner is not None:  # the native pass, in a thread ahead of this one: no frame of every line
+                reader = reader or native.Reader(path, rep, scanner, block_bytes, max_line, cap, left_lines)
+                for d in reader:
                     seq = self.add_digest(d, rep, seq)
-                    if left_lines == 0:
-                        self._line_cut_note(rep, limits)
-                        break
+                if reader.line_cut:
+                    self._line_cut_note(rep, limits)
                 else:
                     self._cut_note(rep, cap, file_cap, left_bytes)
                 return
@@ -118,6 +122,8 @@ class LineCollector:
         except filecol.READ_ERRORS as exc:  # unreadable, corrupt archive, ...
             rep.status, rep.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
         finally:
+            if reader is not None:
+                reader.close()
             self.bytes_read += rep.bytes
             self.lines_read += rep.lines
 
@@ -214,7 +220,8 @@ class LineCollector:
             # extract; the line's own time wins over the time a source received it)
             d = detail_exprs(self.year)
             sym = sym.with_columns(local_rank=pl.coalesce("local_rank", d["local_rank"]),
-                                   gpu=pl.coalesce("gpu", d["gpu"]), ts=pl.coalesce(d["ts"], "ts"))
+                                   gpu=pl.coalesce("gpu", d["gpu"]),
+                                   ts=pl.coalesce(pl.lit(line_times(sym["line"], self.year)), "ts"))
             sym = (sym.join(cand.select("file", "seq", "_blk"), on=["file", "seq"], how="left", maintain_order="left")
                    .sort("_blk", maintain_order=True).drop("_blk"))
         self._symptoms.append(sym)

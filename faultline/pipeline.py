@@ -11,6 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
+from faultline import native
 from faultline.collect_lines import JobMeta, LineCollector
 from faultline.collectors import files as filecol
 from faultline.evidence import Evidence
@@ -60,16 +61,25 @@ def _job_year(paths: list[Path]) -> int:
 def collect_files(paths: list[str | Path], ruleset: Ruleset, job_id: str = "job", cluster: str = "local",
                   attempt: int = 0, state: str = "UNKNOWN", block_bytes: int = filecol.BLOCK_BYTES,
                   max_line: int = filecol.MAX_LINE, exit_code: int | None = None,
-                  read_limits: ReadLimits = CLI_READ) -> Evidence:
+                  read_limits: ReadLimits = CLI_READ, prestarted: native.Prestarted | None = None) -> Evidence:
     """Stream the files of one job through the collect step; keep only symptoms and per-rank stats.
     Whatever could not be read (a missing path, an unreadable folder, a FIFO, text past a limit of
-    `read_limits`) is in the coverage."""
-    files, problems = filecol.expand(paths)
+    `read_limits`) is in the coverage. `prestarted`: the read of the first file, already started by
+    `native.prestart(paths, ...)` (read_file checks that it reads what it would itself)."""
+    files, problems = (prestarted.files, prestarted.problems) if prestarted else filecol.expand(paths)
     col = LineCollector(ruleset, JobMeta(cluster, job_id, attempt, state, exit_code), _job_year(files))
     col.reports += problems
-    for path in files:
-        source, node, rank = filecol.hints(path)
-        col.read_file(path, col.report(str(path), source, node, rank), read_limits, block_bytes, max_line)
+    try:
+        for i, path in enumerate(files):
+            if i == 0 and prestarted is not None:
+                col.reports.append(prestarted.rep)
+                col.read_file(path, prestarted.rep, read_limits, block_bytes, max_line, reader=prestarted.reader)
+                continue
+            source, node, rank = filecol.hints(path)
+            col.read_file(path, col.report(str(path), source, node, rank), read_limits, block_bytes, max_line)
+    finally:
+        if prestarted is not None:
+            prestarted.close()
     return col.evidence()
 
 

@@ -59,7 +59,7 @@ def test_prefixes(line, node, rank, local_rank, gpu):
     assert (r["node"], r["rank"], r["local_rank"], r["gpu"]) == (node, rank, local_rank, gpu)
 
 
-@pytest.mark.parametrize("line,ts", [
+_TS_CASES = [
     ("[rank0]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] x", utc(2024, 3, 21, 2, 7, 8, 408271)),
     ("W1026 03:51:31.222000 2521679 site-packages/torch/distributed/elastic/api.py:908] x",
      utc(2024, 10, 26, 3, 51, 31, 222000)),
@@ -71,9 +71,31 @@ def test_prefixes(line, node, rank, local_rank, gpu):
     ("[1718000000.5] foo", utc(2024, 6, 10, 6, 13, 20, 500000)),
     ("[ 1234.567890] NVRM: Xid: monotonic seconds since boot carry no wall clock", None),
     ("epoch 10 step 5: loss 2.0", None),
-])
+]
+
+
+@pytest.mark.parametrize("line,ts", _TS_CASES)
 def test_timestamps(line, ts):
     assert one(line)["ts"] == ts
+
+
+def test_line_times_are_detail_exprs_times():
+    """The collector reads the times of symptom lines with line_times (each format parsed only where its regex
+    matches): the same values as detail_exprs' one expression, for every format, mixed in one column with
+    lines of no time, a garbled year, offsets, and a line two formats could read (the first one wins)."""
+    from faultline.logparse import detail_exprs, line_times
+
+    lines = [ln for ln, _ in _TS_CASES] + [
+        "Jun  9 11:49:36 host1 kernel: [rank0]:[E321 02:07:08.408271257 x.cpp:1] both", "0000-01-01T00:00:00Z x",
+        "9999-12-31T23:59:59-05:00 x", "Feb 30 10:00:00 host1 kernel: no such day", "", "[1718000000] x",
+        "2024-06-09T11:49:36+0530 gpu-a-3 kernel: x", "I0101 00:00:00.5 1 f.cc:1] x"]
+    frame = pl.DataFrame({"line": lines * 3})
+    for year in (2019, 2024):
+        want = frame.select(detail_exprs(year)["ts"]).to_series()
+        got = line_times(frame["line"], year)
+        assert got.to_list() == want.to_list() and got.dtype == want.dtype
+        assert 10 < got.drop_nulls().len() < len(lines) * 3
+    assert line_times(pl.Series("line", [], dtype=pl.String), 2024).len() == 0
 
 
 def test_file_level_hints_fill_gaps_but_lines_win():

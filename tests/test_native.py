@@ -157,3 +157,109 @@ def test_pieces_give_read_blocks_lines(tmp_path):
                 for pre, b in filecol.pieces(p, rep, 128, 40))
         rep2 = filecol.FileReport(str(p), "applog", None, None)
         assert n == sum(f.height for f in filecol.read_blocks(p, rep2, 128, 40))
+
+
+def _count_readers(monkeypatch) -> list:
+    made = []
+    real = native.Reader
+
+    def counting(*a, **kw):
+        made.append(a[0])
+        return real(*a, **kw)
+    monkeypatch.setattr(native, "Reader", counting)
+    return made
+
+
+@pytest.mark.skipif(not native.available(), reason="the native scanner is not built")
+def test_a_prestarted_read_is_used_only_where_it_reads_what_the_collector_would(ruleset, tmp_path, monkeypatch):
+    """The CLI starts the first file's read before Polars is imported (native.prestart): the collector takes
+    that read over where it was started with its own file, limits and block size, and reads anew otherwise;
+    the evidence is the same either way."""
+    from faultline.pipeline import collect_files
+
+    rnd = random.Random(41)
+    literals = prefilter_literals(ruleset)
+    (tmp_path / "job").mkdir()
+    for name in ("a.log", "b.log"):
+        (tmp_path / "job" / name).write_bytes(b"\n".join(_random_file(rnd, literals) for _ in range(40)))
+    paths = [tmp_path / "job"]
+
+    def rows(ev):
+        return [ev.symptoms.to_dicts(), ev.stats.sort("node", "rank", nulls_last=True).to_dicts(),
+                ev.coverage.to_dicts(), ev.progress.sort("file").to_dicts()]
+
+    made = _count_readers(monkeypatch)
+    want = rows(collect_files(paths, ruleset, block_bytes=4096))
+    assert len(made) == 2  # one read per file
+    made.clear()
+    pre = native.prestart(paths, ruleset, block_bytes=4096)
+    assert pre is not None and len(made) == 1
+    assert rows(collect_files(paths, ruleset, block_bytes=4096, prestarted=pre)) == want
+    assert len(made) == 2 and not pre.reader._thread.is_alive()  # the prestarted read served the first file
+    made.clear()
+    pre = native.prestart(paths, ruleset, block_bytes=8192)  # not what the collector reads with
+    assert rows(collect_files(paths, ruleset, block_bytes=4096, prestarted=pre)) == want
+    assert len(made) == 3 and not pre.reader._thread.is_alive()  # read anew; the prestarted thread was stopped
+
+
+@pytest.mark.skipif(not native.available(), reason="the native scanner is not built")
+def test_a_read_stopped_early_ends_its_thread(ruleset, tmp_path):
+    p = tmp_path / "a.log"
+    p.write_bytes(b"[rank1]: step 1 loss: 2.0 NCCL WARN x\n" * 20000)
+    sc = native.scanner(tuple(prefilter_literals(ruleset)))
+    rep = filecol.FileReport(str(p), "applog", None, None)
+    r = native.Reader(p, rep, sc, 4096, 1 << 16, 1 << 40, 1 << 30)
+    first = next(iter(r))
+    assert first.lines > 0 and rep.bytes >= 4096
+    r.close()
+    assert not r._thread.is_alive()
+    r2 = native.Reader(p, filecol.FileReport(str(p), "applog", None, None), sc, 4096, 1 << 16, 1 << 40, 1 << 30)
+    r2.close()  # never read from: the thread stops though its queue is full
+    assert not r2._thread.is_alive()
+
+
+@pytest.mark.skipif(not native.available(), reason="the native scanner is not built")
+def test_a_read_error_comes_where_it_happened(ruleset, tmp_path, monkeypatch):
+    """A gzip file damaged in its middle: the pieces before the damage are kept and the error is the file's
+    status, on the native path (where the read runs in a thread) as on the Polars path."""
+    import gzip
+
+    rnd = random.Random(8)
+    literals = prefilter_literals(ruleset)
+    raw = b"\n".join(_random_file(rnd, literals) for _ in range(300))
+    packed = bytearray(gzip.compress(raw, 1))
+    mid = len(packed) * 3 // 4
+    packed[mid:mid + 64] = rnd.randbytes(64)
+    p = tmp_path / "damaged.log.gz"
+    p.write_bytes(bytes(packed))
+    want = _both_paths(ruleset, p, monkeypatch, block_bytes=1 << 16, max_line=1 << 16)
+    cov = want.coverage.filter(pl.col("source") == "applog").row(0, named=True)
+    assert cov["status"] == "error" and cov["rows"] > 0 and "damaged.log.gz: error" in cov["reason"]
+
+
+def test_minimal_literals_are_those_holding_no_other():
+    from faultline.rules.literals import _minimal_literals
+
+    rnd = random.Random(17)
+    for _ in range(300):
+        lits = tuple(sorted({"".join(rnd.choice("abAB. ") for _ in range(rnd.randrange(1, 7)))
+                             for _ in range(rnd.randrange(1, 40))}))
+        assert _minimal_literals(lits) == tuple(x for x in lits if not any(o != x and o in x for o in lits))
+
+
+def test_the_native_read_needs_no_polars(tmp_path):
+    """The CLI reads the first file while Polars is imported: the modules that read natively, and a ruleset
+    from its cache, must not import Polars themselves (or the read would wait for it)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FAULTLINE_CACHE_DIR": str(tmp_path / "cache")}
+    p = tmp_path / "a.log"
+    p.write_text("gpu-node-1:1:2 [0] NCCL WARN Net : Connection closed by remote peer\n")
+    code = ("import sys\nfrom faultline import native\nfrom faultline.rules.loader import load_ruleset\n"
+            "pre = native.prestart([sys.argv[1]], load_ruleset())\nd = next(iter(pre.reader))\npre.close()\n"
+            "assert d.lines == 1 and len(d.cand_index) == 1 or not native.available(), d\n"
+            "print('polars' in sys.modules)")
+    subprocess.run([sys.executable, "-c", code, str(p)], env=env, check=True, capture_output=True)  # fills the cache
+    out = subprocess.run([sys.executable, "-c", code, str(p)], env=env, check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "False"

@@ -15,12 +15,15 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
-
-import polars as pl
+from typing import TYPE_CHECKING, Iterator
 
 from faultline import limits
-from faultline.logparse import HOST_WORD_LONG, HOST_WORD_SHORT
+from faultline.hostwords import HOST_WORD_LONG, HOST_WORD_SHORT
+
+# Polars is imported where a frame is made, not here: the native read (pieces, expand, hints) runs before
+# Polars' import has finished (faultline/native.py, prestart).
+if TYPE_CHECKING:
+    import polars as pl
 
 # What reading a damaged or unreadable file can raise; each is recorded, never fatal.
 READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)
@@ -255,6 +258,7 @@ def looks_binary(head: bytes) -> str | None:
 
 
 def _frame(lines: list[str] | pl.Series, reader: _Reader) -> pl.DataFrame:
+    import polars as pl
     s = pl.Series("line", lines, dtype=pl.String)
     if s.str.ends_with("\r").any():  # scans cost less than the copy a strip makes
         s = s.str.strip_suffix("\r")
@@ -304,6 +308,7 @@ def _split_arrow(data: bytes, report: FileReport) -> pl.Series | None:
     gives, without a Python str per line: numpy finds the breaks, Arrow takes the bytes as a string array
     of alternating line and break slices (no copy), every other element is kept. None when the bytes are
     not valid UTF-8: the Python path replaces invalid sequences."""
+    import polars as pl
     if not data.isascii():
         try:
             data.decode("utf-8")  # validation only, at C speed
@@ -412,6 +417,7 @@ def read_blocks(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES,
                 max_line: int = MAX_LINE, max_bytes: int | None = None) -> Iterator[pl.DataFrame]:
     """Yield frames of lines (column `line`) in file order; memory stays near `block_bytes`. At most
     `max_bytes` bytes of text (after decompression) are read; past them `report.cut_at` says where."""
+    import polars as pl
     reader = _Reader(report, max_line)
     try:  # a plain file's size picks the line splitter from the start; a compressed one's after 32 MiB
         size = path.stat().st_size if _KINDS.get(path.suffix.lower()) is None else 0
@@ -437,16 +443,22 @@ def looks_quoted(path: Path) -> bool:
     """A log pasted as a quote in a reply (mailing lists, forums, issue replies): most of its first lines
     start with `>`, or each is wrapped in markdown's inline-code backticks. A log of its own may have a few
     such lines (Megatron's `> building ...`); a quoted one has them nearly everywhere."""
-    lines = [x.rstrip() for x in sample_text(path, QUOTE_SAMPLE).to_list()[:200] if x.strip()]
+    lines = [x.rstrip() for x in _sample_lines(path, QUOTE_SAMPLE)[:200] if x.strip()]
     marked = sum(x.startswith(">") or (len(x) > 2 and x.startswith("`") and x.endswith("`")) for x in lines)
     return len(lines) >= 3 and marked * 2 >= len(lines)
 
 
-def sample_text(path: Path, limit: int = 1 << 20) -> pl.Series:
-    """The first `limit` bytes as lines, for cheap hints (year of timestamps); empty on any error."""
+def _sample_lines(path: Path, limit: int) -> list[str]:
     try:
         with _open(path) as fh:
             data = fh.read(limit)
     except READ_ERRORS:
-        return pl.Series("line", [], dtype=pl.String)
-    return pl.Series("line", data.decode("utf-8", errors="replace").split("\n"), dtype=pl.String)
+        return []
+    return data.decode("utf-8", errors="replace").split("\n")
+
+
+def sample_text(path: Path, limit: int = 1 << 20) -> pl.Series:
+    """The first `limit` bytes as lines, for cheap hints (year of timestamps); empty on any error."""
+    import polars as pl
+
+    return pl.Series("line", _sample_lines(path, limit), dtype=pl.String)

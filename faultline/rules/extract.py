@@ -12,6 +12,7 @@ from functools import lru_cache
 import polars as pl
 
 from faultline.logparse import TS_DTYPE
+from faultline.rules.literals import prefilter_literals  # noqa: F401 - here since before: it needs no Polars
 from faultline.rules.loader import LINE_FIELDS
 from faultline.rules.model import Rule, Ruleset
 
@@ -38,23 +39,6 @@ _EMIT_COLS = ("symptom", "role", "domain", "implicates", "outcome", "summary")
 
 def empty_symptoms() -> pl.DataFrame:
     return pl.DataFrame(schema=SYMPTOM_SCHEMA)
-
-
-def prefilter_literals(ruleset: Ruleset) -> list[str]:
-    """The literals a candidate line must hold one of: every rule's, minus those holding a shorter one.
-
-    A line holding "nccl warn" holds "nccl" too, so the longer literal adds nothing to "contains
-    any" and only slows the scan.
-    """
-    return list(_minimal_literals(tuple(sorted({lit for r in ruleset.log_rules for lit in r.log.literals}))))
-
-
-@lru_cache(maxsize=32)
-def _minimal_literals(lits: tuple[str, ...]) -> tuple[str, ...]:
-    # One Aho-Corasick pass over the literals themselves finds which hold another (a pairwise Python
-    # check of ~450 literals cost ~0.13 s, a tenth of a big file's whole diagnosis).
-    found = pl.Series(lits, dtype=pl.String).str.extract_many(list(lits), overlapping=True).to_list()
-    return tuple(lit for lit, inside in zip(lits, found) if all(o == lit for o in inside))
 
 
 _RE_META = set("\\.+*?()|[]{}^$#&-~")

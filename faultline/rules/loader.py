@@ -12,10 +12,9 @@ import os
 import pickle
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
-import polars as pl
-import yaml
 
 from faultline import taxonomy
 from faultline.rules.model import AtStartup, Emits, JobMatch, LogMatch, Lookup, Places, Rule, RuleTest, Ruleset, Section
@@ -45,21 +44,28 @@ class RulesetError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-class _LineLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """SafeLoader (libyaml's C parser when present: ~8x faster) that remembers each mapping's line as `__line__`."""
+@lru_cache(maxsize=1)
+def _line_loader():
+    """SafeLoader (libyaml's C parser when present: ~8x faster) that remembers each mapping's line as
+    `__line__`. Made (and yaml imported, ~25 ms) only when packs are parsed: a cached ruleset needs neither."""
+    import yaml
 
+    def construct_mapping(loader, node, deep=False):
+        mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+        mapping["__line__"] = node.start_mark.line + 1
+        return mapping
 
-def _construct_mapping(loader, node, deep=False):
-    mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-    mapping["__line__"] = node.start_mark.line + 1
-    return mapping
+    class LineLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        pass
 
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return yaml, LineLoader
 
 
 def regex_problem(regex: str) -> str | None:
     """Compile with the engine's own regex (Rust, via Polars) and say what is wrong, if anything."""
+    import polars as pl  # here: a ruleset from the cache needs no Polars (the CLI reads before its import ends)
+
     try:
         pl.Series([""], dtype=pl.String).str.contains(regex)
     except Exception as exc:  # polars raises ComputeError with the Rust message
@@ -403,8 +409,9 @@ def _load_ruleset(dirs: list[Path]) -> Ruleset:
     for pack, path in files:
         data = path.read_bytes()
         digest.update(pack.encode() + b"\0" + path.name.encode() + b"\0" + data)
+        yaml, line_loader = _line_loader()
         try:
-            doc = yaml.load(data.decode("utf-8"), Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+            doc = yaml.load(data.decode("utf-8"), Loader=line_loader)  # noqa: S506 - SafeLoader subclass
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             builder.bad(str(path), f"not valid YAML: {exc}")
             continue
