@@ -668,7 +668,7 @@ class Story:
                 ("AttributeError: 'NoneType' object has no attribute 'shape'", "x.shape"),
                 ("ValueError: Expected input batch_size (16) to match target batch_size (15).", "loss_fn(out, y)"),
                 ("RuntimeError: shape '[4, 2048, 32, 128]' is invalid for input of size 16777216", "q.view(b, s, h, d)"),
-                ("TypeError: forward() got an unexpected keyword argument 'position_ids'", "model(**batch)"),
+                ("NameError: name 'attn_mask' is not defined", "attn(q, k, v, attn_mask)"),
                 ("AssertionError: sequence length 8193 exceeds max_position_embeddings 8192", "assert s <= max_len")]
         exc, code = excs[int(r.integers(0, len(excs)))]
         self.detail = exc
