@@ -17,6 +17,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -325,8 +326,14 @@ def _child(cmd: list[str], env=None, ok: tuple[int, ...] = (0,), cwd=None) -> tu
         cmd = ["/usr/bin/time", "-f", "BENCH_MAXRSS_KB %M\nBENCH_CPU_S %U %S", *cmd]
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+    # Both pipes drained at once: a child that fills stderr first (ripgrep echoing a 100 KB pattern set it
+    # cannot parse) would block on it while this read waited for stdout's end.
+    errs: list[bytes] = []
+    drain = threading.Thread(target=lambda: errs.append(p.stderr.read()), daemon=True)
+    drain.start()
     out = p.stdout.read()
-    err = p.stderr.read()
+    drain.join()
+    err = errs[0]
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
