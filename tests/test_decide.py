@@ -579,3 +579,17 @@ def test_work_numbers_of_different_process_groups_are_not_compared(write, rulese
     lines.append(wd.format(r=2, pg=2, name="tp", g=0, s=41))
     d = diagnose_files([write("train2.log", *lines)], ruleset)
     assert d["culprit"]["ranks"] == [3]
+
+
+def test_an_exception_inside_a_signal_handler_is_how_the_job_ended_not_why(write, ruleset):
+    # Ctrl-C: the launcher's own handler then failed (a NameError in sigkill_handler). The interrupt decides.
+    stop = ["KeyboardInterrupt",
+            "Traceback (most recent call last):",
+            '  File "/opt/conda/lib/python3.9/site-packages/deepspeed/launcher/runner.py", line 511, in sigkill_handler',
+            "    kill_cmd.append(str(pid))",
+            "NameError: free variable 'kill_cmd' referenced before assignment in enclosing scope"]
+    d = diagnose_files([write("ds.log", *stop)], ruleset)
+    assert d["outcome"] == "scheduler_preemption_cancel" and d["culprit"] == NOBODY
+    # the same exception raised by the training code (no handler frame) is the user's bug
+    bug = [stop[1], '  File "/work/train.py", line 88, in step', "    kill_cmd.append(str(pid))", stop[4]]
+    assert diagnose_files([write("train.log", *bug)], ruleset)["outcome"] == "user_code_error"
