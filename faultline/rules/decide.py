@@ -27,8 +27,13 @@ class DecideConfig:
     hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait",
                                       "stalled_ready_ranks")
     max_world: int = MAX_WORLD  # ranks a job can have; larger printed world sizes are not believed
-    # launcher lines naming the first process to fail: its rank when the deciding lines name nobody
-    first_failure_symptoms: tuple[str, ...] = ("mpi_process_named",)
+    # launcher lines naming the first process to fail: its rank (else its local rank) when the deciding
+    # lines name nobody. mpirun's `Process name:` row; torchrun's agent line `failed (exitcode: 1)
+    # local_rank: 3` (the earliest failure of its node) and its summary's `Root Cause` entry. Only rows
+    # that blame their worker count: a SIGTERM/SIGABRT exit or an entry under `Failures:` does not.
+    first_failure_symptoms: tuple[str, ...] = ("mpi_process_named", "torchrun_child_failed", "torchrun_failure_rank")
+    # verdicts whose first process to fail is a victim: in a hang the first to exit is the first to time out
+    first_failure_not_for: tuple[str, ...] = ("nccl_timeout_hang",)
 
 
 def _cap(name: str) -> pl.Expr:
@@ -327,16 +332,30 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
     )
     # A cause whose lines name nobody (an exception printed without a rank tag) and a launcher that names
     # the first process to fail (mpirun's `Process name: [[jobid,1],N]`): that rank, at lower confidence.
-    first = (active.filter(pl.col("symptom").is_in(list(cfg.first_failure_symptoms)) & pl.col("target_rank").is_not_null())
-             .group_by(KEY).agg(first_ranks=pl.col("target_rank").unique().sort()))
+    # Read from every refined row, context included: the summary's rank row is context (it decides nothing).
+    # A worker known only by its local rank counts when the launcher rows of the job name one local rank on
+    # at most one node (each node's agent reports its own first failure: two nodes, two first failures).
+    said = refined.filter(pl.col("superseded_by").is_null() & pl.col("symptom").is_in(list(cfg.first_failure_symptoms))
+                          & (pl.col("implicates") == "self"))
+    first = (said.group_by(KEY).agg(
+        first_ranks=pl.col("target_rank").drop_nulls().unique().sort(),
+        first_local=pl.col("target_local_rank").filter(pl.col("target_rank").is_null()).drop_nulls().unique().sort(),
+        first_nodes=pl.col("node").filter(pl.col("target_rank").is_null() & pl.col("target_local_rank").is_not_null())
+        .drop_nulls().n_unique()))
     nobody = ((pl.col("culprit_nodes").list.len() == 0) & (pl.col("culprit_ranks").list.len() == 0)
               & (pl.col("culprit_gpus").list.len() == 0) & (pl.col("culprit_gpu_pci").list.len() == 0)
-              & (pl.col("culprit_local_ranks").list.len() == 0) & pl.col("inference").is_null())
+              & (pl.col("culprit_local_ranks").list.len() == 0) & pl.col("inference").is_null()
+              & ~pl.col("outcome").is_in(list(cfg.first_failure_not_for)).fill_null(False))
+    one_rank = pl.col("first_ranks").list.len() == 1
+    one_local = (pl.col("first_ranks").list.len() == 0) & (pl.col("first_local").list.len() == 1) & (pl.col("first_nodes") <= 1)
     verdict = verdict.join(first, on=KEY, how="left").with_columns(
-        launcher_named=(nobody & (pl.col("first_ranks").list.len() == 1)).fill_null(False))
+        launcher_named=(nobody & (one_rank | one_local)).fill_null(False), _by_rank=one_rank.fill_null(False))
     verdict = verdict.with_columns(
-        culprit_ranks=pl.when(pl.col("launcher_named")).then(pl.col("first_ranks").cast(pl.List(pl.Int32)))
-        .otherwise(pl.col("culprit_ranks"))).drop("first_ranks")
+        culprit_ranks=pl.when(pl.col("launcher_named") & pl.col("_by_rank")).then(pl.col("first_ranks").cast(pl.List(pl.Int32)))
+        .otherwise(pl.col("culprit_ranks")),
+        culprit_local_ranks=pl.when(pl.col("launcher_named") & ~pl.col("_by_rank"))
+        .then(pl.col("first_local").cast(pl.List(pl.Int32))).otherwise(pl.col("culprit_local_ranks")),
+    ).drop("first_ranks", "first_local", "first_nodes", "_by_rank")
     # A cause every node (or rank) reports is not in one place: NaN after the all-reduce, a missing
     # module on every rank, a switch under both nodes. Naming them all would blame the whole job.
     spread = stats.group_by(KEY).agg(n_nodes=pl.col("node").drop_nulls().n_unique(),
@@ -449,7 +468,7 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
         pl.when(pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0))
         .then(pl.lit("culprit node inferred: the only host the logs name")),
-        pl.when(pl.col("launcher_named")).then(pl.lit("culprit rank from the launcher's report of the first process to fail")),
+        pl.when(pl.col("launcher_named")).then(pl.lit("culprit rank (or local rank) from the launcher's report of the first process to fail")),
         pl.when(pl.col("widespread")).then(pl.lit("most nodes or ranks report it: the cause is not in one place")),
         pl.when(pl.col("unread") & (pl.col("lines_read") == 0))
         .then(pl.lit("no readable log line: nothing to judge the job by")),
