@@ -531,6 +531,18 @@ def test_torchruns_first_failure_is_no_culprit_when_it_is_a_victim(write, rulese
     assert d["outcome"] == "nccl_timeout_hang" and d["culprit"]["local_ranks"] == []
 
 
+def test_hydras_bad_termination_banner_names_the_process_its_signal_row_speaks_of(write, ruleset):
+    bar = "=" * 83
+    banner = [bar, "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES", "=   RANK 5 PID 40213 RUNNING AT hpc-n07",
+              "=   KILLED BY SIGNAL: 11 (Segmentation fault)", bar]
+    d = diagnose_files([write("a/run.out", *banner)], ruleset)
+    assert d["outcome"] == "segfault_native"
+    assert d["culprit"]["nodes"] == ["hpc-n07"] and d["culprit"]["ranks"] == [5]
+    # the signal row cut from its banner names nobody
+    d = diagnose_files([write("b/run.out", bar, "=   KILLED BY SIGNAL: 11 (Segmentation fault)", bar)], ruleset)
+    assert d["outcome"] == "segfault_native" and d["culprit"] == NOBODY
+
+
 def test_a_peer_health_retry_the_run_survived_is_set_aside_but_alone_names_the_task(write, ruleset):
     retry = "WARNING:tensorflow:/job:worker/replica:0/task:5 seems down, retrying 1/3"
     d = diagnose_files([write("ok/worker.log", retry, "Epoch 1/10 step 200 - loss: 0.4312")], ruleset)
