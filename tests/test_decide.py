@@ -515,6 +515,14 @@ def test_torchruns_first_failure_names_the_worker_when_the_cause_names_nobody(wr
     assert diagnose_files([write("d/train.log", *cause, *old)], ruleset)["culprit"]["ranks"] == [4]
 
 
+def test_mp_spawns_first_dead_process_names_its_local_rank(write, ruleset):
+    spawn = ["Traceback (most recent call last):", "torch.multiprocessing.spawn.ProcessRaisedException: ", "",
+             "-- Process 1 terminated with the following error:", "Traceback (most recent call last):",
+             '  File "train.py", line 88, in main', "KeyError: 'pixel_values'"]
+    d = diagnose_files([write("spawn/train.log", *spawn)], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"] == {**NOBODY, "local_ranks": [1]}
+
+
 def test_torchruns_first_failure_is_no_culprit_when_it_is_a_victim(write, ruleset):
     cause = ["Traceback (most recent call last):", "KeyError: 'input_ids'"]
     agent = "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: {}) local_rank: {} (pid: 77{}) of binary: x"
