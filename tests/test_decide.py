@@ -539,6 +539,21 @@ def test_torchruns_first_failure_is_no_culprit_when_it_is_a_victim(write, rulese
     assert d["outcome"] == "nccl_timeout_hang" and d["culprit"]["local_ranks"] == []
 
 
+def test_a_hardware_fault_naming_a_gpu_index_names_it_only_where_no_host_is_in_sight(write, ruleset):
+    diag = "Error: Found 7 faulty memory elements on GPU 2"
+    # one machine's pasted diag output: no host anywhere, so the GPU index is that machine's
+    d = diagnose_files([write("a/dcgmi.txt", "Diagnostic | Result", diag)], ruleset)
+    assert d["outcome"] == "gpu_hardware" and d["culprit"] == {**NOBODY, "gpus": [2]}
+    # lines from two hosts: GPU 2 of which node is not said, so nobody
+    d = diagnose_files([write("b/run.log", "gpu-a-1:311:311 [0] NCCL INFO Bootstrap : Using eth0:10.4.0.11<0>",
+                              "gpu-a-2:417:417 [0] NCCL INFO Bootstrap : Using eth0:10.4.0.12<0>", diag)], ruleset)
+    assert d["outcome"] == "gpu_hardware" and d["culprit"]["gpus"] == [] and d["culprit"]["nodes"] == []
+    # one host named: the GPU on that host, as before
+    d = diagnose_files([write("c/run.log", "gpu-a-1:311:311 [0] NCCL INFO Bootstrap : Using eth0:10.4.0.11<0>",
+                              diag)], ruleset)
+    assert d["culprit"]["nodes"] == ["gpu-a-1"]
+
+
 def test_hydras_bad_termination_banner_names_the_process_its_signal_row_speaks_of(write, ruleset):
     bar = "=" * 83
     banner = [bar, "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES", "=   RANK 5 PID 40213 RUNNING AT hpc-n07",

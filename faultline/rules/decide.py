@@ -77,8 +77,12 @@ def culprits(active: pl.DataFrame, winners: pl.DataFrame, cfg: DecideConfig) -> 
     rows = active.join(winners.select(*KEY, "outcome", t_win="t"), on=[*KEY, "outcome"])
     rows = rows.filter(pl.col("tier") == pl.col("tier").min().over(KEY))
     # A GPU index alone (no host, no rank) says where a workload fault struck (`GPU 1 has a total
-    # capacity of ...`); for a machine fault it would name a GPU on an unknown node: not a culprit.
-    gpu_only = pl.col("target_gpu").is_not_null() & (pl.col("domain") == "workload")
+    # capacity of ...`); for a machine fault it would name a GPU on an unknown node: not a culprit, unless
+    # the job's lines name no host at all and show no other (`hostless`: one machine's pasted output, a
+    # DCGM diag or nvidia-smi report of the GPU that failed there).
+    hostless = pl.col("hostless").fill_null(False) if "hostless" in rows.columns else pl.lit(False)
+    gpu_only = pl.col("target_gpu").is_not_null() & ((pl.col("domain") == "workload")
+                                                     | ((pl.col("domain") == "hardware") & hostless))
     blamed = rows.filter(pl.col("target_node").is_not_null() | pl.col("target_rank").is_not_null()
                          | pl.col("target_gpu_pci").is_not_null() | pl.col("target_local_rank").is_not_null()
                          | gpu_only)
@@ -134,13 +138,19 @@ def place_on_single_host(active: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFr
     others = (active.filter((pl.col("implicates") == "peer") | (pl.col("domain") == "network"))
               .select(KEY).unique().with_columns(_others=pl.lit(True)))
     named = active.select(*KEY, node=named_peer(pl.col("node"))).filter(pl.col("node").is_not_null())
+    # jobs whose lines name no host at all, in any prefix or message
+    hosted = pl.concat([stats.filter(pl.col("node").is_not_null()).select(KEY),
+                        named.select(KEY)], how="vertical").unique().with_columns(_hosted=pl.lit(True))
     out = (active.join(single_host(stats, named), on=KEY, how="left", maintain_order="left")
-           .join(others, on=KEY, how="left", maintain_order="left"))
+           .join(others, on=KEY, how="left", maintain_order="left")
+           .join(hosted, on=KEY, how="left", maintain_order="left"))
     placeable = (pl.col("domain") == "hardware") | pl.col("outcome").is_in(["host_oom", "node_failure"])
     fill = ((pl.col("implicates") == "self") & placeable & pl.col("target_node").is_null()
             & pl.col("only_node").is_not_null() & pl.col("_others").is_null())
     return out.with_columns(target_node=pl.when(fill).then(pl.col("only_node")).otherwise(pl.col("target_node")),
-                            node_inferred=fill).drop("only_node", "_others")
+                            node_inferred=fill,
+                            hostless=pl.col("_hosted").is_null() & pl.col("_others").is_null()
+                            ).drop("only_node", "_others", "_hosted")
 
 
 def _pg() -> pl.Expr:
