@@ -482,6 +482,90 @@ def test_mpiruns_first_failed_process_names_the_rank_when_the_cause_names_nobody
     assert diagnose_files([write("mpirun2.log", *tagged)], ruleset)["culprit"]["ranks"] == [5]
 
 
+def _torchrun_summary(root_rank, root_exit, other=(5, -15)):
+    """A ChildFailedError summary as torchrun >= 1.11 prints it: `Failures:` first, then `Root Cause`."""
+    entry = lambda i, rank, code: [f"[{i}]:", "  time      : 2025-03-02_10:41:07", "  host      : trn-a-12",  # noqa: E731
+                                   f"  rank      : {rank} (local_rank: {rank})", f"  exitcode  : {code} (pid: {4100 + rank})",
+                                   "  error_file: <N/A>"]
+    return ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "=" * 40, "train.py FAILED",
+            "-" * 40, "Failures:", *entry(1, *other), "-" * 40, "Root Cause (first observed failure):",
+            *entry(0, root_rank, root_exit), "=" * 40]
+
+
+def test_torchruns_first_failure_names_the_worker_when_the_cause_names_nobody(write, ruleset):
+    cause = ["Traceback (most recent call last):", '  File "train.py", line 40, in <module>',
+             "KeyError: 'input_ids'"]
+    agent = "E0302 10:41:07.512000 4099 torch/distributed/elastic/multiprocessing/api.py:869] "
+    # the agent's own line: the earliest failure of its node, known by local rank only
+    d = diagnose_files([write("a/train.log", *cause, agent + "failed (exitcode: 1) local_rank: 3 (pid: 4103) "
+                              "of binary: /usr/bin/python3")], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"] == {**NOBODY, "local_ranks": [3]}
+    assert "first process to fail" in d["confidence_reason"] and d["confidence"] != "high"
+    # the summary's Root Cause entry names the global rank; the entry under Failures is not it
+    d = diagnose_files([write("b/train.log", *cause, *_torchrun_summary(2, 1, other=(6, 1)))], ruleset)
+    assert d["culprit"] == {**NOBODY, "ranks": [2]}
+    # a pasted excerpt cut after the root cause's rank row still names it (the job's cause unknown)
+    cut = _torchrun_summary(1, 1)[:-3]
+    assert cut[-1] == "  rank      : 1 (local_rank: 1)"
+    d = diagnose_files([write("c/train.log", *cut)], ruleset)
+    assert d["culprit"]["ranks"] == [1]
+    # torch 1.9/1.10 put `Root Cause:` first, `Other Failures:` after, fields unpadded
+    old = ["Root Cause:", "[0]:", "  time: 2021-08-11_07:13:52", "  rank: 4 (local_rank: 0)", "  exitcode: 1 (pid: 911)",
+           "Other Failures:", "[1]:", "  rank: 5 (local_rank: 1)", "  exitcode: 1 (pid: 912)"]
+    assert diagnose_files([write("d/train.log", *cause, *old)], ruleset)["culprit"]["ranks"] == [4]
+
+
+def test_mp_spawns_first_dead_process_names_its_local_rank(write, ruleset):
+    spawn = ["Traceback (most recent call last):", "torch.multiprocessing.spawn.ProcessRaisedException: ", "",
+             "-- Process 1 terminated with the following error:", "Traceback (most recent call last):",
+             '  File "train.py", line 88, in main', "KeyError: 'pixel_values'"]
+    d = diagnose_files([write("spawn/train.log", *spawn)], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"] == {**NOBODY, "local_ranks": [1]}
+
+
+def test_torchruns_first_failure_is_no_culprit_when_it_is_a_victim(write, ruleset):
+    cause = ["Traceback (most recent call last):", "KeyError: 'input_ids'"]
+    agent = "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: {}) local_rank: {} (pid: 77{}) of binary: x"
+    # SIGTERM / SIGABRT exits are teardown victims: they name nobody
+    for code in (-15, -6):
+        d = diagnose_files([write(f"s{code}/train.log", *cause, agent.format(code, 2, 1))], ruleset)
+        assert d["culprit"] == NOBODY, code
+    # two nodes' agents each report their own first failure: which one was first is not said
+    two = [f"gpu-a-{n}: " + agent.format(1, lr, n) for n, lr in ((1, 0), (2, 3))]
+    assert diagnose_files([write("two/train.log", *cause, *two)], ruleset)["culprit"] == NOBODY
+    # in a hang the first worker to exit is the first to time out: a victim
+    hang = [watchdog(r, "03:00:00") for r in range(4)] + [agent.format(1, 0, 9)]
+    d = diagnose_files([write("hang/train.log", *hang)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["culprit"]["local_ranks"] == []
+
+
+def test_a_hardware_fault_naming_a_gpu_index_names_it_only_where_no_host_is_in_sight(write, ruleset):
+    diag = "Error: Found 7 faulty memory elements on GPU 2"
+    # one machine's pasted diag output: no host anywhere, so the GPU index is that machine's
+    d = diagnose_files([write("a/dcgmi.txt", "Diagnostic | Result", diag)], ruleset)
+    assert d["outcome"] == "gpu_hardware" and d["culprit"] == {**NOBODY, "gpus": [2]}
+    # lines from two hosts: GPU 2 of which node is not said, so nobody
+    d = diagnose_files([write("b/run.log", "gpu-a-1:311:311 [0] NCCL INFO Bootstrap : Using eth0:10.4.0.11<0>",
+                              "gpu-a-2:417:417 [0] NCCL INFO Bootstrap : Using eth0:10.4.0.12<0>", diag)], ruleset)
+    assert d["outcome"] == "gpu_hardware" and d["culprit"]["gpus"] == [] and d["culprit"]["nodes"] == []
+    # one host named: the GPU on that host, as before
+    d = diagnose_files([write("c/run.log", "gpu-a-1:311:311 [0] NCCL INFO Bootstrap : Using eth0:10.4.0.11<0>",
+                              diag)], ruleset)
+    assert d["culprit"]["nodes"] == ["gpu-a-1"]
+
+
+def test_hydras_bad_termination_banner_names_the_process_its_signal_row_speaks_of(write, ruleset):
+    bar = "=" * 83
+    banner = [bar, "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES", "=   RANK 5 PID 40213 RUNNING AT hpc-n07",
+              "=   KILLED BY SIGNAL: 11 (Segmentation fault)", bar]
+    d = diagnose_files([write("a/run.out", *banner)], ruleset)
+    assert d["outcome"] == "segfault_native"
+    assert d["culprit"]["nodes"] == ["hpc-n07"] and d["culprit"]["ranks"] == [5]
+    # the signal row cut from its banner names nobody
+    d = diagnose_files([write("b/run.out", bar, "=   KILLED BY SIGNAL: 11 (Segmentation fault)", bar)], ruleset)
+    assert d["outcome"] == "segfault_native" and d["culprit"] == NOBODY
+
+
 def test_a_peer_health_retry_the_run_survived_is_set_aside_but_alone_names_the_task(write, ruleset):
     retry = "WARNING:tensorflow:/job:worker/replica:0/task:5 seems down, retrying 1/3"
     d = diagnose_files([write("ok/worker.log", retry, "Epoch 1/10 step 200 - loss: 0.4312")], ruleset)

@@ -27,8 +27,13 @@ class DecideConfig:
     hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait",
                                       "stalled_ready_ranks")
     max_world: int = MAX_WORLD  # ranks a job can have; larger printed world sizes are not believed
-    # launcher lines naming the first process to fail: its rank when the deciding lines name nobody
-    first_failure_symptoms: tuple[str, ...] = ("mpi_process_named",)
+    # launcher lines naming the first process to fail: its rank (else its local rank) when the deciding
+    # lines name nobody. mpirun's `Process name:` row; torchrun's agent line `failed (exitcode: 1)
+    # local_rank: 3` (the earliest failure of its node) and its summary's `Root Cause` entry. Only rows
+    # that blame their worker count: a SIGTERM/SIGABRT exit or an entry under `Failures:` does not.
+    first_failure_symptoms: tuple[str, ...] = ("mpi_process_named", "torchrun_child_failed", "torchrun_failure_rank")
+    # verdicts whose first process to fail is a victim: in a hang the first to exit is the first to time out
+    first_failure_not_for: tuple[str, ...] = ("nccl_timeout_hang",)
 
 
 def _cap(name: str) -> pl.Expr:
@@ -72,8 +77,12 @@ def culprits(active: pl.DataFrame, winners: pl.DataFrame, cfg: DecideConfig) -> 
     rows = active.join(winners.select(*KEY, "outcome", t_win="t"), on=[*KEY, "outcome"])
     rows = rows.filter(pl.col("tier") == pl.col("tier").min().over(KEY))
     # A GPU index alone (no host, no rank) says where a workload fault struck (`GPU 1 has a total
-    # capacity of ...`); for a machine fault it would name a GPU on an unknown node: not a culprit.
-    gpu_only = pl.col("target_gpu").is_not_null() & (pl.col("domain") == "workload")
+    # capacity of ...`); for a machine fault it would name a GPU on an unknown node: not a culprit, unless
+    # the job's lines name no host at all and show no other (`hostless`: one machine's pasted output, a
+    # DCGM diag or nvidia-smi report of the GPU that failed there).
+    hostless = pl.col("hostless").fill_null(False) if "hostless" in rows.columns else pl.lit(False)
+    gpu_only = pl.col("target_gpu").is_not_null() & ((pl.col("domain") == "workload")
+                                                     | ((pl.col("domain") == "hardware") & hostless))
     blamed = rows.filter(pl.col("target_node").is_not_null() | pl.col("target_rank").is_not_null()
                          | pl.col("target_gpu_pci").is_not_null() | pl.col("target_local_rank").is_not_null()
                          | gpu_only)
@@ -129,13 +138,19 @@ def place_on_single_host(active: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFr
     others = (active.filter((pl.col("implicates") == "peer") | (pl.col("domain") == "network"))
               .select(KEY).unique().with_columns(_others=pl.lit(True)))
     named = active.select(*KEY, node=named_peer(pl.col("node"))).filter(pl.col("node").is_not_null())
+    # jobs whose lines name no host at all, in any prefix or message
+    hosted = pl.concat([stats.filter(pl.col("node").is_not_null()).select(KEY),
+                        named.select(KEY)], how="vertical").unique().with_columns(_hosted=pl.lit(True))
     out = (active.join(single_host(stats, named), on=KEY, how="left", maintain_order="left")
-           .join(others, on=KEY, how="left", maintain_order="left"))
+           .join(others, on=KEY, how="left", maintain_order="left")
+           .join(hosted, on=KEY, how="left", maintain_order="left"))
     placeable = (pl.col("domain") == "hardware") | pl.col("outcome").is_in(["host_oom", "node_failure"])
     fill = ((pl.col("implicates") == "self") & placeable & pl.col("target_node").is_null()
             & pl.col("only_node").is_not_null() & pl.col("_others").is_null())
     return out.with_columns(target_node=pl.when(fill).then(pl.col("only_node")).otherwise(pl.col("target_node")),
-                            node_inferred=fill).drop("only_node", "_others")
+                            node_inferred=fill,
+                            hostless=pl.col("_hosted").is_null() & pl.col("_others").is_null()
+                            ).drop("only_node", "_others", "_hosted")
 
 
 def _pg() -> pl.Expr:
@@ -327,16 +342,30 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
     )
     # A cause whose lines name nobody (an exception printed without a rank tag) and a launcher that names
     # the first process to fail (mpirun's `Process name: [[jobid,1],N]`): that rank, at lower confidence.
-    first = (active.filter(pl.col("symptom").is_in(list(cfg.first_failure_symptoms)) & pl.col("target_rank").is_not_null())
-             .group_by(KEY).agg(first_ranks=pl.col("target_rank").unique().sort()))
+    # Read from every refined row, context included: the summary's rank row is context (it decides nothing).
+    # A worker known only by its local rank counts when the launcher rows of the job name one local rank on
+    # at most one node (each node's agent reports its own first failure: two nodes, two first failures).
+    said = refined.filter(pl.col("superseded_by").is_null() & pl.col("symptom").is_in(list(cfg.first_failure_symptoms))
+                          & (pl.col("implicates") == "self"))
+    first = (said.group_by(KEY).agg(
+        first_ranks=pl.col("target_rank").drop_nulls().unique().sort(),
+        first_local=pl.col("target_local_rank").filter(pl.col("target_rank").is_null()).drop_nulls().unique().sort(),
+        first_nodes=pl.col("node").filter(pl.col("target_rank").is_null() & pl.col("target_local_rank").is_not_null())
+        .drop_nulls().n_unique()))
     nobody = ((pl.col("culprit_nodes").list.len() == 0) & (pl.col("culprit_ranks").list.len() == 0)
               & (pl.col("culprit_gpus").list.len() == 0) & (pl.col("culprit_gpu_pci").list.len() == 0)
-              & (pl.col("culprit_local_ranks").list.len() == 0) & pl.col("inference").is_null())
+              & (pl.col("culprit_local_ranks").list.len() == 0) & pl.col("inference").is_null()
+              & ~pl.col("outcome").is_in(list(cfg.first_failure_not_for)).fill_null(False))
+    one_rank = pl.col("first_ranks").list.len() == 1
+    one_local = (pl.col("first_ranks").list.len() == 0) & (pl.col("first_local").list.len() == 1) & (pl.col("first_nodes") <= 1)
     verdict = verdict.join(first, on=KEY, how="left").with_columns(
-        launcher_named=(nobody & (pl.col("first_ranks").list.len() == 1)).fill_null(False))
+        launcher_named=(nobody & (one_rank | one_local)).fill_null(False), _by_rank=one_rank.fill_null(False))
     verdict = verdict.with_columns(
-        culprit_ranks=pl.when(pl.col("launcher_named")).then(pl.col("first_ranks").cast(pl.List(pl.Int32)))
-        .otherwise(pl.col("culprit_ranks"))).drop("first_ranks")
+        culprit_ranks=pl.when(pl.col("launcher_named") & pl.col("_by_rank")).then(pl.col("first_ranks").cast(pl.List(pl.Int32)))
+        .otherwise(pl.col("culprit_ranks")),
+        culprit_local_ranks=pl.when(pl.col("launcher_named") & ~pl.col("_by_rank"))
+        .then(pl.col("first_local").cast(pl.List(pl.Int32))).otherwise(pl.col("culprit_local_ranks")),
+    ).drop("first_ranks", "first_local", "first_nodes", "_by_rank")
     # A cause every node (or rank) reports is not in one place: NaN after the all-reduce, a missing
     # module on every rank, a switch under both nodes. Naming them all would blame the whole job.
     spread = stats.group_by(KEY).agg(n_nodes=pl.col("node").drop_nulls().n_unique(),
@@ -449,7 +478,7 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
         pl.when(pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0))
         .then(pl.lit("culprit node inferred: the only host the logs name")),
-        pl.when(pl.col("launcher_named")).then(pl.lit("culprit rank from the launcher's report of the first process to fail")),
+        pl.when(pl.col("launcher_named")).then(pl.lit("culprit rank (or local rank) from the launcher's report of the first process to fail")),
         pl.when(pl.col("widespread")).then(pl.lit("most nodes or ranks report it: the cause is not in one place")),
         pl.when(pl.col("unread") & (pl.col("lines_read") == 0))
         .then(pl.lit("no readable log line: nothing to judge the job by")),
