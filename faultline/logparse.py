@@ -58,8 +58,9 @@ _MPI_TAG = r"^\[\d+,(\d+)\]<std(?:out|err)>:"
 # UCX (ucs/debug/log.c): `[1712345678.123456] [host:pid:thread]`, the pid space-padded (`%-5d`), the
 # thread a number or a name; older releases `[host:pid:idx:tid]`. Open MPI's opal/orte messages and
 # backtraces: `[host:pid] *** Process received signal ***`, the same `[host:N]` shape from wrappers. The
-# number is a pid, not a rank. One regex for both; source-file tags (`[file.cpp:12]`) are not hosts.
-_UCX = (r"^(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*(?:\[\d{9,10}\.\d+\]\s+)?"
+# number is a pid, not a rank. One regex for both; source-file tags (`[file.cpp:12]`) are not hosts. Either
+# may come after Open MPI's `[1,5]<stderr>:` tag or srun --label's `5: ` (the node is read, not a rank).
+_UCX = (r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d{1,6}: )?\s*(?:\[\d{9,10}\.\d+\]\s+)?"
         r"\[([A-Za-z][A-Za-z0-9.\-]*[A-Za-z0-9]):\s*\d+\s*(?::[\w\-]+){0,2}\]")
 _SOURCE_FILE = r"\.(?:cpp|cc|cxx|c|h|hpp|cu|py|rs|go)$"
 # A shell prompt pasted with the output: `user@gpu-node-3:~/run$ python train.py`.
