@@ -63,6 +63,21 @@ def scanner(literals: tuple[str, ...]):
     return _scan.build([lit.encode() for lit in literals])
 
 
+@lru_cache(maxsize=8)
+def router(literals: tuple[str, ...]):
+    """The automaton that says which of `literals` (ASCII, lower-case) a line holds (`route`), or None
+    where Polars must (not built, switched off, a literal that is not ASCII)."""
+    if not available() or not literals or not all(lit.isascii() for lit in literals):
+        return None
+    return _scan.build([lit.encode() for lit in literals], True)
+
+
+def route(rt, lines: list[str]) -> tuple[list[int], list[int]]:
+    """Every (line, literal) pair of a literal the line holds, ASCII case-insensitively, each once:
+    two lists, line indices ascending, literal indices (into the router's literals)."""
+    return _scan.route(rt, lines)
+
+
 def scan(sc, pre: list[str], data: bytes, max_line: int, limit: int, max_lines: int | None = None,
          threads: int = 2) -> Digest:
     """The lines of one piece (collectors.files.pieces): `pre`, already decoded, then those of `data`.

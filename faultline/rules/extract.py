@@ -11,6 +11,7 @@ from functools import lru_cache
 
 import polars as pl
 
+from faultline import native
 from faultline.logparse import TS_DTYPE
 from faultline.rules.literals import prefilter_literals  # noqa: F401 - here since before: it needs no Polars
 from faultline.rules.loader import LINE_FIELDS
@@ -86,10 +87,16 @@ def _routes(text: pl.DataFrame, rules: tuple[Rule, ...]) -> pl.DataFrame | None:
     # An ASCII-case-insensitive hit lower-cased is the literal itself: its position in `lits`
     # (an Enum's physical value) picks the rules that own it.
     owner_lists = pl.Series(list(owners.values()), dtype=pl.List(pl.UInt32))
-    key = (text.lazy()
-           .select("_row", _lit=pl.col("line").str.extract_many(lits, ascii_case_insensitive=True, overlapping=True))
-           .explode("_lit").drop_nulls("_lit")
-           .select("_row", _rule=pl.lit(owner_lists).gather(pl.col("_lit").str.to_lowercase().cast(pl.Enum(lits)).to_physical()))
+    rt = native.router(tuple(lits))
+    if rt is not None:  # the native automaton gives each hit's literal by its index (bench/README.md, bigfile)
+        rows, hit = native.route(rt, text["line"].to_list())
+        pairs = pl.LazyFrame({"_row": pl.Series(rows, dtype=pl.UInt32), "_i": pl.Series(hit, dtype=pl.UInt32)})
+    else:
+        pairs = (text.lazy()
+                 .select("_row", _lit=pl.col("line").str.extract_many(lits, ascii_case_insensitive=True, overlapping=True))
+                 .explode("_lit").drop_nulls("_lit")
+                 .select("_row", _i=pl.col("_lit").str.to_lowercase().cast(pl.Enum(lits)).to_physical()))
+    key = (pairs.select("_row", _rule=pl.lit(owner_lists).gather(pl.col("_i")))
            .explode("_rule")
            .select(_k=pl.col("_rule").cast(pl.UInt64) * (1 << 32) + pl.col("_row").cast(pl.UInt64))
            .collect(engine="streaming")["_k"].sort().unique(maintain_order=True))
