@@ -863,25 +863,35 @@ done:
 /* route(router, lines: list[str]) -> (rows, literals): every (line, literal) pair of a literal the line holds
  * (ASCII case-insensitive, each pair once, lines in order, literals in the order found), `router` built with
  * route=True. What rules.extract._routes asked Polars' extract_many(overlapping=True) for: the candidate
- * lines' rules, from one automaton pass in C instead of a second Aho-Corasick pass in Polars. */
+ * lines' rules, from one automaton pass in C instead of a second Aho-Corasick pass in Polars. The pass runs
+ * without the GIL (the native reader routes a piece's candidates in its thread). */
+typedef struct { Py_ssize_t row; int32_t lit; } Pair;
+
 static PyObject *route(PyObject *self, PyObject *args) {
     PyObject *cap, *lines;
     if (!PyArg_ParseTuple(args, "OO!", &cap, &PyList_Type, &lines)) return NULL;
     Scanner *sc = PyCapsule_GetPointer(cap, "faultline._scan.Scanner");
     if (!sc) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(lines);
-    PyObject *rows = PyList_New(0), *hits = PyList_New(0);
+    Py_ssize_t n = PyList_GET_SIZE(lines), npair = 0, cap_pairs = 0;
+    const uint8_t **text = malloc(sizeof(*text) * (n ? n : 1));
+    Py_ssize_t *tlen = malloc(sizeof(*tlen) * (n ? n : 1));
     Py_ssize_t *seen = malloc(sizeof(Py_ssize_t) * (sc->nlit ? sc->nlit : 1));  /* the last line holding it */
-    if (!rows || !hits || !seen) goto fail;
+    Pair *pairs = NULL;
+    PyObject *rows = NULL, *hits = NULL;
+    int oom = 0;
+    if (!text || !tlen || !seen) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {  /* the UTF-8 of each str stays valid while `lines` holds it */
+        const char *u = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(lines, i), &tlen[i]);
+        if (!u) goto done;
+        text[i] = (const uint8_t *)u;
+    }
     for (Py_ssize_t i = 0; i < sc->nlit; i++) seen[i] = -1;
+    Py_BEGIN_ALLOW_THREADS
     const uint32_t *T = sc->T;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t len;
-        const char *u = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(lines, i), &len);
-        if (!u) goto fail;
-        const uint8_t *p = (const uint8_t *)u, *end = p + len;
+    for (Py_ssize_t i = 0; i < n && !oom; i++) {
+        const uint8_t *p = text[i], *end = p + tlen[i];
         uint32_t s = 0;
-        for (; p < end; p++) {
+        for (; p < end && !oom; p++) {
             s = T[s + sc->cls[*p]];
             if (s < sc->thr) continue;
             uint32_t st = s / sc->ncls;
@@ -895,17 +905,25 @@ static PyObject *route(PyObject *self, PyObject *args) {
                     while (j < rest && lower(p[1 + j]) == lt[j]) j++;
                     if (j < rest) continue;
                     seen[li] = i;
-                    PyObject *a = PyLong_FromSsize_t(i), *b = PyLong_FromLong(li);
-                    int bad = !a || !b || PyList_Append(rows, a) < 0 || PyList_Append(hits, b) < 0;
-                    Py_XDECREF(a); Py_XDECREF(b);
-                    if (bad) goto fail;
+                    if (npair == cap_pairs && !grow((void **)&pairs, &cap_pairs, sizeof(Pair))) { oom = 1; break; }
+                    pairs[npair++] = (Pair){i, li};
                 }
         }
     }
-    free(seen);
+    Py_END_ALLOW_THREADS
+    if (oom) { PyErr_NoMemory(); goto done; }
+    rows = PyList_New(npair); hits = PyList_New(npair);
+    if (!rows || !hits) goto done;
+    for (Py_ssize_t k = 0; k < npair; k++) {
+        PyObject *a = PyLong_FromSsize_t(pairs[k].row), *b = PyLong_FromLong(pairs[k].lit);
+        if (!a || !b) { Py_XDECREF(a); Py_XDECREF(b); goto done; }
+        PyList_SET_ITEM(rows, k, a); PyList_SET_ITEM(hits, k, b);
+    }
+    free(text); free(tlen); free(seen); free(pairs);
     return Py_BuildValue("NN", rows, hits);
-fail:
-    free(seen); Py_XDECREF(rows); Py_XDECREF(hits);
+done:
+    free(text); free(tlen); free(seen); free(pairs);
+    Py_XDECREF(rows); Py_XDECREF(hits);
     return NULL;
 }
 
