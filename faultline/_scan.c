@@ -70,14 +70,17 @@ static inline int is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 static inline int is_alnum(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 static inline int is_space(uint8_t c) { return c == ' ' || (c >= 9 && c <= 13); }
 
-/* build(literals: list[bytes]) -> capsule; None if a literal holds a byte the automaton reserves */
+/* build(literals: list[bytes], route=False) -> capsule; None if a literal holds a byte the automaton reserves.
+ * route: an automaton for `route` (which literals a line holds), not for `scan`: no extra substrings, and
+ * every literal is in its head state's list (a literal of up to KEEP bytes with nothing left to compare). */
 static PyObject *build(PyObject *self, PyObject *args) {
     PyObject *lits;
-    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &lits)) return NULL;
+    int route = 0;
+    if (!PyArg_ParseTuple(args, "O!|p", &PyList_Type, &lits, &route)) return NULL;
     Py_ssize_t nlit = PyList_GET_SIZE(lits);
     const char *extra[] = {"loss", " [", "[rank", "rank "};
     uint8_t extra_f[] = {F_LOSS, F_SPB, F_LRANK, F_RANK};
-    Py_ssize_t npat = nlit + 4, total = 0;
+    Py_ssize_t npat = nlit + (route ? 0 : 4), total = 0;
     const uint8_t **pat = malloc(sizeof(*pat) * npat);
     Py_ssize_t *plen = malloc(sizeof(*plen) * npat);
     uint8_t *pf = malloc(npat);
@@ -86,7 +89,7 @@ static PyObject *build(PyObject *self, PyObject *args) {
         if (!PyBytes_Check(b)) { free(pat); free(plen); free(pf); PyErr_SetString(PyExc_TypeError, "bytes expected"); return NULL; }
         pat[i] = (const uint8_t *)PyBytes_AS_STRING(b); plen[i] = PyBytes_GET_SIZE(b); pf[i] = F_LIT;
     }
-    for (int i = 0; i < 4; i++) { pat[nlit + i] = (const uint8_t *)extra[i]; plen[nlit + i] = strlen(extra[i]); pf[nlit + i] = extra_f[i]; }
+    for (int i = 0; i < npat - nlit; i++) { pat[nlit + i] = (const uint8_t *)extra[i]; plen[nlit + i] = strlen(extra[i]); pf[nlit + i] = extra_f[i]; }
     uint8_t cls[256]; memset(cls, 0, sizeof cls);
     uint32_t ncls = 1;
     for (Py_ssize_t i = 0; i < npat; i++) {
@@ -117,8 +120,8 @@ static PyObject *build(PyObject *self, PyObject *args) {
             if (go[s * ncls + c] < 0) go[s * ncls + c] = n++;
             s = go[s * ncls + c];
         }
-        owner[i] = keep < plen[i] ? s : -1;
-        if (keep < plen[i]) fl[s] |= F_VER; else fl[s] |= pf[i];
+        owner[i] = keep < plen[i] || route ? s : -1;
+        if (keep < plen[i] || route) fl[s] |= F_VER; else fl[s] |= pf[i];
     }
     uint32_t S_BRK = n++, S_HIGH = n++, S_ESC = n++;
     fl[S_BRK] = F_BRK; fl[S_HIGH] = F_HIGH; fl[S_ESC] = F_ESC;
@@ -856,8 +859,77 @@ done:
     return result;
 }
 
+
+/* route(router, lines: list[str]) -> (rows, literals): every (line, literal) pair of a literal the line holds
+ * (ASCII case-insensitive, each pair once, lines in order, literals in the order found), `router` built with
+ * route=True. What rules.extract._routes asked Polars' extract_many(overlapping=True) for: the candidate
+ * lines' rules, from one automaton pass in C instead of a second Aho-Corasick pass in Polars. The pass runs
+ * without the GIL (the native reader routes a piece's candidates in its thread). */
+typedef struct { Py_ssize_t row; int32_t lit; } Pair;
+
+static PyObject *route(PyObject *self, PyObject *args) {
+    PyObject *cap, *lines;
+    if (!PyArg_ParseTuple(args, "OO!", &cap, &PyList_Type, &lines)) return NULL;
+    Scanner *sc = PyCapsule_GetPointer(cap, "faultline._scan.Scanner");
+    if (!sc) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(lines), npair = 0, cap_pairs = 0;
+    const uint8_t **text = malloc(sizeof(*text) * (n ? n : 1));
+    Py_ssize_t *tlen = malloc(sizeof(*tlen) * (n ? n : 1));
+    Py_ssize_t *seen = malloc(sizeof(Py_ssize_t) * (sc->nlit ? sc->nlit : 1));  /* the last line holding it */
+    Pair *pairs = NULL;
+    PyObject *rows = NULL, *hits = NULL;
+    int oom = 0;
+    if (!text || !tlen || !seen) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {  /* the UTF-8 of each str stays valid while `lines` holds it */
+        const char *u = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(lines, i), &tlen[i]);
+        if (!u) goto done;
+        text[i] = (const uint8_t *)u;
+    }
+    for (Py_ssize_t i = 0; i < sc->nlit; i++) seen[i] = -1;
+    Py_BEGIN_ALLOW_THREADS
+    const uint32_t *T = sc->T;
+    for (Py_ssize_t i = 0; i < n && !oom; i++) {
+        const uint8_t *p = text[i], *end = p + tlen[i];
+        uint32_t s = 0;
+        for (; p < end && !oom; p++) {
+            s = T[s + sc->cls[*p]];
+            if (s < sc->thr) continue;
+            uint32_t st = s / sc->ncls;
+            if (!(sc->flags[st] & F_VER)) { s = 0; continue; }  /* a line break, a byte >= 0x80, ESC */
+            for (int32_t t = sc->vhead[st]; t >= 0; t = sc->vnext[t])
+                for (int32_t v = sc->vstart[t]; v < sc->vstart[t + 1]; v++) {
+                    int32_t li = sc->vlit[v], rest = sc->litlen[li] > KEEP ? sc->litlen[li] - KEEP : 0;
+                    if (seen[li] == i || end - (p + 1) < rest) continue;
+                    const uint8_t *lt = sc->lit[li] + (sc->litlen[li] - rest);
+                    int32_t j = 0;
+                    while (j < rest && lower(p[1 + j]) == lt[j]) j++;
+                    if (j < rest) continue;
+                    seen[li] = i;
+                    if (npair == cap_pairs && !grow((void **)&pairs, &cap_pairs, sizeof(Pair))) { oom = 1; break; }
+                    pairs[npair++] = (Pair){i, li};
+                }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (oom) { PyErr_NoMemory(); goto done; }
+    rows = PyList_New(npair); hits = PyList_New(npair);
+    if (!rows || !hits) goto done;
+    for (Py_ssize_t k = 0; k < npair; k++) {
+        PyObject *a = PyLong_FromSsize_t(pairs[k].row), *b = PyLong_FromLong(pairs[k].lit);
+        if (!a || !b) { Py_XDECREF(a); Py_XDECREF(b); goto done; }
+        PyList_SET_ITEM(rows, k, a); PyList_SET_ITEM(hits, k, b);
+    }
+    free(text); free(tlen); free(seen); free(pairs);
+    return Py_BuildValue("NN", rows, hits);
+done:
+    free(text); free(tlen); free(seen); free(pairs);
+    Py_XDECREF(rows); Py_XDECREF(hits);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
-    {"build", build, METH_VARARGS, "build(literals: list[bytes]) -> scanner, or None"},
+    {"build", build, METH_VARARGS, "build(literals: list[bytes], route=False) -> scanner (or router), or None"},
+    {"route", route, METH_VARARGS, "route(router, lines: list[str]) -> (rows, literals) of the literals each line holds"},
     {"scan", scan, METH_VARARGS, "scan one block of lines (see faultline/_scan.c)"},
     {NULL, NULL, 0, NULL},
 };

@@ -21,6 +21,7 @@ from faultline.evidence import (JOBS_SCHEMA, PROGRESS_SCHEMA, STATS_SCHEMA, Evid
 from faultline.logparse import (PROGRESS, TS_DTYPE, detail_exprs, identity_exprs, line_times, progress_lines,
                                 with_identity_keys)
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_logs, prefilter_expr, prefilter_literals
+from faultline.rules.literals import route_literals
 from faultline.rules.model import Ruleset
 
 PARSE_BATCH_ROWS = 1 << 17  # lines of small files parsed together (a 16 MiB block alone is about this)
@@ -53,6 +54,20 @@ class JobMeta:
     end_time: datetime | None = None
 
 
+def _joined_routes(heights: list[int], routes: list) -> tuple[list[int], list[int]] | None:
+    """The (row, literal) routes of frames stacked in order, or None unless every frame has its own."""
+    if not routes or any(r is None for r in routes):
+        return None
+    rows: list[int] = []
+    lits: list[int] = []
+    base = 0
+    for h, (r, lt) in zip(heights, routes):
+        rows += [base + i for i in r] if base else r
+        lits += lt
+        base += h
+    return rows, lits
+
+
 class LineCollector:
     """Blocks of lines of one job -> Evidence. Memory: the candidate lines and per-rank counts only."""
 
@@ -68,6 +83,8 @@ class LineCollector:
         self._progress: list[pl.DataFrame] = []
         self._dcounts: list[pl.DataFrame] = []  # lines per who-spoke key, from the native scanner
         self._dcand: list[pl.DataFrame] = []  # candidate lines, from the native scanner
+        self._dcand_routes: list = []  # for each, its (row, literal) routes from the reader, or None
+        self._pending_routes: list = []  # likewise for each frame of _pending
         self._drows = 0
         self._blocks = 0
         self.bytes_read = 0  # text bytes of all files read so far (the job's ReadLimits count these)
@@ -94,13 +111,14 @@ class LineCollector:
         seq = 0
         quoted = filecol.looks_quoted(path)  # read by the Polars path, which takes the quote marks off
         scanner = None if quoted else native.scanner(tuple(self.literals))
+        router = native.router(tuple(route_literals(self.ruleset.log_rules)[0])) if scanner is not None else None
         if reader is not None and (scanner is None or reader.rep is not rep
-                                   or reader.key != (path, scanner, block_bytes, max_line, cap, left_lines)):
+                                   or reader.key != (path, scanner, block_bytes, max_line, cap, left_lines, router)):
             reader.close()
             reader = None
         try:
             if scanner is not None:  # the native pass, in a thread ahead of this one: no frame of every line
-                reader = reader or native.Reader(path, rep, scanner, block_bytes, max_line, cap, left_lines)
+                reader = reader or native.Reader(path, rep, scanner, block_bytes, max_line, cap, left_lines, router)
                 for d in reader:
                     seq = self.add_digest(d, rep, seq)
                 if reader.line_cut:
@@ -158,6 +176,7 @@ class LineCollector:
                 pl.Series("seq", d.cand_index, dtype=pl.Int64) + seq0]).with_columns(
                 source=pl.lit(rep.source), file=pl.lit(rep.path), _fnode=fnode, _frank=frank,
                 _rts=pl.lit(None, TS_DTYPE), _blk=pl.lit(self._blocks, pl.Int64)))
+            self._dcand_routes.append(None if d.route_rows is None else (d.route_rows, d.route_lits))
         last = d.progress
         if d.unsure_index:  # non-ASCII lines holding "loss": the regex itself decides
             unsure = pl.DataFrame({"i": d.unsure_index, "line": d.unsure_text}).filter(
@@ -179,10 +198,12 @@ class LineCollector:
             return
         counts = pl.concat(self._dcounts, how="vertical")
         cand = pl.concat(self._dcand, how="vertical") if self._dcand else None
+        routes = _joined_routes([c.height for c in self._dcand], self._dcand_routes)
         self._dcounts.clear()
         self._dcand.clear()
+        self._dcand_routes.clear()
         self._drows = 0
-        self._resolve(counts, cand, own=False)
+        self._resolve(counts, cand, own=False, routes=routes)
 
     def add(self, block: pl.DataFrame, rep: filecol.FileReport, seq0: int, quoted: bool = False) -> int:
         """One block of one file: column `line`, optionally `_fnode`/`_frank`/`_fsource` (what the client
@@ -213,8 +234,10 @@ class LineCollector:
         if not self._pending:
             return
         cand = pl.concat(self._pending, how="vertical")
+        routes = _joined_routes([c.height for c in self._pending], self._pending_routes)
         self._pending.clear()
-        sym = extract_logs(cand.drop("_blk"), self.ruleset, self.literals, prefiltered=True)
+        self._pending_routes.clear()
+        sym = extract_logs(cand.drop("_blk"), self.ruleset, self.literals, prefiltered=True, routes=routes)
         if sym.height:
             # the line's local_rank, GPU and time, for symptom lines only (a capture of the rule wins, as in
             # extract; the line's own time wins over the time a source received it)
@@ -246,11 +269,12 @@ class LineCollector:
         self._progress.append(progress)
         self._resolve(counts, cand if cand.height else None, own=True)
 
-    def _resolve(self, counts: pl.DataFrame, cand: pl.DataFrame | None, own: bool) -> None:
+    def _resolve(self, counts: pl.DataFrame, cand: pl.DataFrame | None, own: bool, routes=None) -> None:
         """Node and rank of each distinct key (`counts`: _k, _fnode, _frank, lines) into per-rank stats, and
         of the candidate lines (`cand`) into the lines extract will read. `own`: the candidates' strings
         still share their block's buffers (see _own_copy). local_rank, gpu and the line's time are read
-        after extract, from the symptom lines only (_flush)."""
+        after extract, from the symptom lines only (_flush). `routes`: the candidates' (row, literal) pairs
+        found by the native reader (the join below keeps the candidates' order and number), or None."""
         job = {"cluster": pl.lit(self.job.cluster), "job_id": pl.lit(self.job.job_id),
                "attempt": pl.lit(self.job.attempt, pl.Int32)}
         who = counts.select("_k").unique().with_columns(**identity_exprs(column="_k")).with_columns(
@@ -264,6 +288,7 @@ class LineCollector:
                                   ts=pl.col("_rts").cast(TS_DTYPE)))
             cand = cand.select(*LOG_SCHEMA, "_blk")
             self._pending.append(cand.with_columns(line=_own_copy(pl.col("line"))) if own else cand)
+            self._pending_routes.append(routes)
             if sum(c.height for c in self._pending) >= EXTRACT_BATCH_ROWS:
                 self._flush()
 

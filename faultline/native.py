@@ -22,7 +22,7 @@ from typing import Iterator, NamedTuple
 
 from faultline.collectors import files as filecol
 from faultline.limits import CLI_READ, ReadLimits
-from faultline.rules.literals import prefilter_literals
+from faultline.rules.literals import prefilter_literals, route_literals
 from faultline.rules.model import Ruleset
 
 try:
@@ -48,6 +48,8 @@ class Digest(NamedTuple):
     unsure_text: list[str]
     replaced: int            # U+FFFD in the decoded text (invalid bytes replaced, or there already)
     truncated: int           # lines cut at max_line characters
+    route_rows: list[int] | None = None  # (candidate, literal) pairs: the rule literals each candidate holds
+    route_lits: list[int] | None = None  # (set by Reader with a router; literals numbered by route_literals)
 
 
 def available() -> bool:
@@ -61,6 +63,21 @@ def scanner(literals: tuple[str, ...]):
     if not available() or not literals or not all(lit.isascii() for lit in literals):
         return None
     return _scan.build([lit.encode() for lit in literals])
+
+
+@lru_cache(maxsize=8)
+def router(literals: tuple[str, ...]):
+    """The automaton that says which of `literals` (ASCII, lower-case) a line holds (`route`), or None
+    where Polars must (not built, switched off, a literal that is not ASCII)."""
+    if not available() or not literals or not all(lit.isascii() for lit in literals):
+        return None
+    return _scan.build([lit.encode() for lit in literals], True)
+
+
+def route(rt, lines: list[str]) -> tuple[list[int], list[int]]:
+    """Every (line, literal) pair of a literal the line holds, ASCII case-insensitively, each once:
+    two lists, line indices ascending, literal indices (into the router's literals)."""
+    return _scan.route(rt, lines)
 
 
 def scan(sc, pre: list[str], data: bytes, max_line: int, limit: int, max_lines: int | None = None,
@@ -87,8 +104,9 @@ class Reader:
     threads never add to one field."""
 
     def __init__(self, path: Path, rep: filecol.FileReport, sc, block_bytes: int, max_line: int, max_bytes: int,
-                 max_lines: int):
-        self.key = (path, sc, block_bytes, max_line, max_bytes, max_lines)  # what LineCollector.read_file asks
+                 max_lines: int, rt=None):
+        # what LineCollector.read_file asks; `rt`: a router, whose routes of each piece's candidates come along
+        self.key = (path, sc, block_bytes, max_line, max_bytes, max_lines, rt)
         self.rep, self.line_cut = rep, False
         self._own = replace(rep)  # a copy: pieces reads its bytes so far
         self._seen = (rep.truncated_lines, rep.replaced_chars)
@@ -98,12 +116,14 @@ class Reader:
         self._thread.start()
 
     def _run(self) -> None:
-        path, sc, block_bytes, max_line, max_bytes, left = self.key
+        path, sc, block_bytes, max_line, max_bytes, left, rt = self.key
         limit = max_line + len(filecol.TRUNCATED) + 12  # as files._frame cuts
         try:
             with closing(filecol.pieces(path, self._own, block_bytes, max_line, max_bytes=max_bytes)) as it:
                 for pre, data in it:
                     d = scan(sc, pre, data, max_line, limit, max_lines=left)
+                    if rt is not None and d.cand_text:  # here, not in extract: this thread runs ahead
+                        d = d._replace(**dict(zip(("route_rows", "route_lits"), route(rt, d.cand_text))))
                     left -= d.lines
                     if not self._put("piece", d) or left == 0:
                         self._put("cut" if left == 0 else "stop", None)
@@ -171,10 +191,11 @@ def prestart(paths: list, ruleset: Ruleset, limits: ReadLimits = CLI_READ, block
     sc = scanner(tuple(prefilter_literals(ruleset)))
     if sc is None:
         return None
+    rt = router(tuple(route_literals(ruleset.log_rules)[0]))
     files, problems = filecol.expand(paths)
     if not files or filecol.looks_quoted(files[0]):
         return None
     path = files[0]
     cap = min(limits.file_bytes if filecol.is_compressed(path) else limits.job_bytes, limits.job_bytes)
     rep = filecol.FileReport(str(path), *filecol.hints(path))
-    return Prestarted(files, problems, rep, Reader(path, rep, sc, block_bytes, max_line, cap, limits.job_lines))
+    return Prestarted(files, problems, rep, Reader(path, rep, sc, block_bytes, max_line, cap, limits.job_lines, rt))

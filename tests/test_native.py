@@ -263,3 +263,39 @@ def test_the_native_read_needs_no_polars(tmp_path):
     subprocess.run([sys.executable, "-c", code, str(p)], env=env, check=True, capture_output=True)  # fills the cache
     out = subprocess.run([sys.executable, "-c", code, str(p)], env=env, check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not native.available(), reason="the native scanner is not built")
+def test_native_route_finds_every_literal_a_line_holds():
+    """`route` against a brute-force search (ASCII case folding, as the extract prefilter): literals short and
+    longer than the automaton's 8-byte heads, sharing heads, inside each other, overlapping, cut at a line's
+    end; lines with non-ASCII text, ESC and case variants."""
+    rnd = random.Random(5)
+    for _ in range(200):
+        lits = sorted({"".join(rnd.choice("abc.") for _ in range(rnd.randrange(1, 14))) for _ in range(rnd.randrange(1, 30))})
+        rt = native.router(tuple(lits))
+        lines = ["".join(rnd.choice(["a", "B", "c", ".", "C", "é", "\x1b", "\u2713", " "] + lits)
+                         for _ in range(rnd.randrange(0, 12))) for _ in range(50)]
+        rows, hit = native.route(rt, lines)
+        got = sorted(zip(rows, hit))
+        want = sorted((i, j) for i, line in enumerate(lines) for j, lit in enumerate(lits)
+                      if lit.encode() in line.encode().lower())
+        assert got == want and rows == sorted(rows)
+
+
+@pytest.mark.skipif(not native.available(), reason="the native scanner is not built")
+def test_native_routes_are_the_polars_routes(ruleset, monkeypatch):
+    """extract's routing of candidate lines to their rules: the same (rule, row) pairs from the native automaton
+    as from Polars' extract_many, on lines built from the rules' own literals (case changed, cut short)."""
+    from faultline.rules import extract
+
+    rnd = random.Random(11)
+    lits = sorted({lit for r in ruleset.log_rules for lit in r.log.literals})
+    frags = [f.decode("utf-8", "replace") for f in _FRAGMENTS] + lits + [x.upper() for x in lits[::7]] + [
+        x[:-1] for x in lits[::5]] + [x.title() for x in lits[::11]]
+    lines = ["".join(rnd.choice(frags) for _ in range(rnd.randrange(1, 8))) for _ in range(3000)]
+    text = pl.DataFrame({"_row": pl.Series(range(len(lines)), dtype=pl.UInt32), "line": lines, "source": "applog"})
+    native_routes = extract._routes(text, ruleset.log_rules)
+    monkeypatch.setattr(native, "router", lambda literals: None)
+    polars_routes = extract._routes(text, ruleset.log_rules)
+    assert native_routes.height > 3000 and native_routes.equals(polars_routes)

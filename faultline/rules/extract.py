@@ -11,8 +11,10 @@ from functools import lru_cache
 
 import polars as pl
 
+from faultline import native
 from faultline.logparse import TS_DTYPE
 from faultline.rules.literals import prefilter_literals  # noqa: F401 - here since before: it needs no Polars
+from faultline.rules.literals import route_literals
 from faultline.rules.loader import LINE_FIELDS
 from faultline.rules.model import Rule, Ruleset
 
@@ -70,26 +72,29 @@ def prefilter_expr(literals: list[str] | tuple[str, ...], column: str = "line") 
     return pl.col(column).str.contains(pattern)
 
 
-def _routes(text: pl.DataFrame, rules: tuple[Rule, ...]) -> pl.DataFrame | None:
+def _routes(text: pl.DataFrame, rules: tuple[Rule, ...], given: tuple[list[int], list[int]] | None = None) -> pl.DataFrame | None:
     """(rule, row) pairs, sorted: the rows (`_row`) of `text` holding some literal of each rule.
 
     Same sets as filtering `text` once per rule with that rule's literals, from one Aho-Corasick
-    pass instead of hundreds of re-scans. None when literals are not plain ASCII.
+    pass instead of hundreds of re-scans. None when literals are not plain ASCII. `given`: the (row,
+    literal) pairs of `text` already found by the native reader (literals numbered by route_literals).
     """
-    owners: dict[str, list[int]] = {}
-    for i, rule in enumerate(rules):
-        for lit in rule.log.literals:
-            owners.setdefault(lit.lower(), []).append(i)
-    lits = list(owners)
+    lits, owned = route_literals(rules)
     if not all(lit.isascii() for lit in lits):
         return None
     # An ASCII-case-insensitive hit lower-cased is the literal itself: its position in `lits`
     # (an Enum's physical value) picks the rules that own it.
-    owner_lists = pl.Series(list(owners.values()), dtype=pl.List(pl.UInt32))
-    key = (text.lazy()
-           .select("_row", _lit=pl.col("line").str.extract_many(lits, ascii_case_insensitive=True, overlapping=True))
-           .explode("_lit").drop_nulls("_lit")
-           .select("_row", _rule=pl.lit(owner_lists).gather(pl.col("_lit").str.to_lowercase().cast(pl.Enum(lits)).to_physical()))
+    owner_lists = pl.Series(owned, dtype=pl.List(pl.UInt32))
+    rt = None if given is not None else native.router(tuple(lits))
+    if given is not None or rt is not None:  # the native automaton gives each hit's literal by its index
+        rows, hit = given if given is not None else native.route(rt, text["line"].to_list())
+        pairs = pl.LazyFrame({"_row": pl.Series(rows, dtype=pl.UInt32), "_i": pl.Series(hit, dtype=pl.UInt32)})
+    else:
+        pairs = (text.lazy()
+                 .select("_row", _lit=pl.col("line").str.extract_many(lits, ascii_case_insensitive=True, overlapping=True))
+                 .explode("_lit").drop_nulls("_lit")
+                 .select("_row", _i=pl.col("_lit").str.to_lowercase().cast(pl.Enum(lits)).to_physical()))
+    key = (pairs.select("_row", _rule=pl.lit(owner_lists).gather(pl.col("_i")))
            .explode("_rule")
            .select(_k=pl.col("_rule").cast(pl.UInt64) * (1 << 32) + pl.col("_row").cast(pl.UInt64))
            .collect(engine="streaming")["_k"].sort().unique(maintain_order=True))
@@ -187,9 +192,10 @@ def _rule_constants(rules: tuple[Rule, ...]) -> pl.DataFrame:
 
 
 def extract_logs(lines: pl.DataFrame, ruleset: Ruleset, literals: list[str] | None = None,
-                 prefiltered: bool = False) -> pl.DataFrame:
+                 prefiltered: bool = False, routes: tuple[list[int], list[int]] | None = None) -> pl.DataFrame:
     """All log rules over all lines; `lines` follows LOG_SCHEMA (any number of jobs). `prefiltered`: every
     line already holds one of `literals` (the collector's candidates), so the prefilter is not run again.
+    `routes` (with `prefiltered`): the (row, literal) pairs of `lines`, found by the native reader.
 
     Output rows come rule by rule (ruleset order), lines in input order within a rule.
     """
@@ -202,7 +208,7 @@ def extract_logs(lines: pl.DataFrame, ruleset: Ruleset, literals: list[str] | No
     if cand.height == 0:
         return empty_symptoms()
     text = cand.select(_row=pl.int_range(pl.len(), dtype=pl.UInt32), line="line", source="source")
-    routes = _routes(text, rules)
+    routes = _routes(text, rules, routes if prefiltered else None)
     plans = []
     if routes is None:
         for i, rule in enumerate(rules):

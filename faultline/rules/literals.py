@@ -35,3 +35,14 @@ def _minimal_literals(lits: tuple[str, ...]) -> tuple[str, ...]:
         if not inside:
             keep.append(lit)
     return tuple(keep)
+
+
+def route_literals(rules) -> tuple[list[str], list[list[int]]]:
+    """Every rule literal lower-cased, in first-seen order over `rules`, and for each the indices of the
+    rules holding it: how extract routes a candidate line to the rules it may match (a line holding a
+    literal goes to its rules). Shared by extract and the native reader, which route with one numbering."""
+    owners: dict[str, list[int]] = {}
+    for i, rule in enumerate(rules):
+        for lit in rule.log.literals:
+            owners.setdefault(lit.lower(), []).append(i)
+    return list(owners), list(owners.values())
