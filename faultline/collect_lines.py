@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import accumulate
 from pathlib import Path
 
 import polars as pl
@@ -54,18 +55,14 @@ class JobMeta:
     end_time: datetime | None = None
 
 
-def _joined_routes(heights: list[int], routes: list) -> tuple[list[int], list[int]] | None:
-    """The (row, literal) routes of frames stacked in order, or None unless every frame has its own."""
+def _joined_routes(heights: list[int], routes: list) -> tuple[pl.Series, pl.Series] | None:
+    """The (row, literal) routes of frames stacked in order, or None unless every frame has its own: each
+    frame's rows shifted by the heights before it (a Series sum, not a loop over the candidates)."""
     if not routes or any(r is None for r in routes):
         return None
-    rows: list[int] = []
-    lits: list[int] = []
-    base = 0
-    for h, (r, lt) in zip(heights, routes):
-        rows += [base + i for i in r] if base else r
-        lits += lt
-        base += h
-    return rows, lits
+    offsets = accumulate(heights[:-1], initial=0)
+    rows = pl.concat([pl.Series(r, dtype=pl.UInt32) + off for (r, _), off in zip(routes, offsets)])
+    return rows, pl.concat([pl.Series(lt, dtype=pl.UInt32) for _, lt in routes])
 
 
 class LineCollector:
