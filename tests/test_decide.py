@@ -46,6 +46,41 @@ def test_desync_report_blames_the_ranks_it_names_not_its_printer(write, ruleset)
     assert d["culprit"]["ranks"] == [5] and 0 not in d["culprit"]["ranks"]
 
 
+def test_a_rank_a_desync_report_names_is_placed_on_the_node_its_own_lines_came_from(write, ruleset, tmp_path):
+    # rank 5 timed out too (it printed on trn-b01 only); the report on trn-b00 names it: its node is trn-b01
+    write("trn-b00/train.log", *[watchdog(r, "03:00:00") for r in range(4)],
+          "[rank0]:[E321 03:00:01.1 ProcessGroupNCCL.cpp:1400]    - [5] joined but didn't finish collective "
+          "#1580 (count from 1)")
+    write("trn-b01/train.log", *[watchdog(r, "03:00:00") for r in range(4, 8)])
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang"
+    assert d["culprit"]["ranks"] == [5] and d["culprit"]["nodes"] == ["trn-b01"]
+    assert "named rank's own lines" in d["confidence_reason"] and d["confidence"] == "low"
+
+
+def test_a_named_rank_whose_lines_came_from_two_hosts_gets_no_node(write, ruleset, tmp_path):
+    # two attempts' logs put rank 5 on two hosts: which one is unknown, so the rank stays alone
+    write("trn-c00/train.log", *[watchdog(r, "03:00:00") for r in range(4)],
+          "[rank0]:[E321 03:00:01.1 ProcessGroupNCCL.cpp:1400]    - [5] joined but didn't finish collective "
+          "#1580 (count from 1)")
+    write("trn-c01/train.log", *[watchdog(r, "03:00:00") for r in range(4, 8)])
+    write("trn-c02/train.log", watchdog(5, "03:00:00"))
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["culprit"]["ranks"] == [5] and d["culprit"]["nodes"] == []
+
+
+def test_a_dcp_checkpoint_exception_yields_to_the_inner_exception_it_carries(write, ruleset):
+    # DCP's CheckpointException text carries each failed rank's exception: disk full decides, not ambiguous
+    head = ["[rank0]: torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([0, 1])",
+            "[rank0]: Traceback (most recent call last): (RANK 0)",
+            '[rank0]:   File "/opt/torch/distributed/checkpoint/filesystem.py", line 350, in _write_files_from_queue']
+    d = diagnose_files([write("a/train.log", *head, "[rank0]: OSError: [Errno 28] No space left on device")], ruleset,
+                       state="FAILED")
+    assert d["outcome"] == "storage_io" and not d["ambiguous"] and d["culprit"] == NOBODY
+    d = diagnose_files([write("b/train.log", head[0])], ruleset, state="FAILED")  # the inner lines cut off
+    assert d["outcome"] == "checkpoint" and d["culprit"] == NOBODY
+
+
 def test_a_silent_rank_on_a_node_that_kept_logging_hung(write, ruleset, tmp_path):
     for n, node in enumerate(["trn-a01", "trn-a02"]):
         ranks = range(8 * n, 8 * n + 8)

@@ -366,6 +366,21 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         culprit_local_ranks=pl.when(pl.col("launcher_named") & ~pl.col("_by_rank"))
         .then(pl.col("first_local").cast(pl.List(pl.Int32))).otherwise(pl.col("culprit_local_ranks")),
     ).drop("first_ranks", "first_local", "first_nodes", "_by_rank")
+    # A hang blamed on one rank by name (a desync report's `[3] joined but didn't finish`, a monitored barrier's
+    # `Rank 3 failed to pass`) with no node: the node that rank's own lines were printed on, when they were
+    # printed on exactly one (the same placement the inferred hang culprits get, from a line of that rank).
+    homes = (stats.filter(pl.col("node").is_not_null() & pl.col("rank").is_not_null())
+             .group_by([*KEY, "rank"]).agg(_homes=pl.col("node").unique())
+             .filter(pl.col("_homes").list.len() == 1)
+             .select(*KEY, _r=pl.col("rank").cast(pl.Int32), _home=pl.col("_homes").list.first()))
+    named_hang = ((pl.col("outcome") == "nccl_timeout_hang") & pl.col("inference").is_null() & ~pl.col("launcher_named")
+                  & (pl.col("culprit_nodes").list.len() == 0) & (pl.col("culprit_ranks").list.len() == 1))
+    verdict = (verdict.with_columns(_r=pl.when(named_hang).then(pl.col("culprit_ranks").list.first()))
+               .join(homes, on=[*KEY, "_r"], how="left")
+               .with_columns(rank_homed=pl.col("_home").is_not_null(),
+                             culprit_nodes=pl.when(pl.col("_home").is_not_null())
+                             .then(pl.concat_list(pl.col("_home"))).otherwise(pl.col("culprit_nodes")))
+               .drop("_r", "_home"))
     # A cause every node (or rank) reports is not in one place: NaN after the all-reduce, a missing
     # module on every rank, a switch under both nodes. Naming them all would blame the whole job.
     spread = stats.group_by(KEY).agg(n_nodes=pl.col("node").drop_nulls().n_unique(),
@@ -479,6 +494,8 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0))
         .then(pl.lit("culprit node inferred: the only host the logs name")),
         pl.when(pl.col("launcher_named")).then(pl.lit("culprit rank (or local rank) from the launcher's report of the first process to fail")),
+        pl.when(pl.col("rank_homed") & (pl.col("culprit_nodes").list.len() > 0))
+        .then(pl.lit("culprit node: where the named rank's own lines were printed")),
         pl.when(pl.col("widespread")).then(pl.lit("most nodes or ranks report it: the cause is not in one place")),
         pl.when(pl.col("unread") & (pl.col("lines_read") == 0))
         .then(pl.lit("no readable log line: nothing to judge the job by")),
