@@ -81,6 +81,19 @@ def test_a_dcp_checkpoint_exception_yields_to_the_inner_exception_it_carries(wri
     assert d["outcome"] == "checkpoint" and d["culprit"] == NOBODY
 
 
+def test_a_rank_that_only_heard_of_the_error_through_the_store_is_no_silent_rank(write, ruleset, tmp_path):
+    # torch 2.8+ propagates a rank's error through the store: rank 2 aborts on `remote error detected from
+    # rank: 5` without printing a timeout of its own. It reported the failure; it is not the one silent rank.
+    for n, node in enumerate(["trn-d00", "trn-d01"]):
+        lines = [watchdog(r, "03:00:00") for r in range(4 * n, 4 * n + 4) if r != 2]
+        if n == 0:
+            lines.append("[rank2]:[E321 03:00:05.1 ProcessGroupNCCL.cpp:1910] [PG ID 0 PG GUID 0(default_pg) Rank 2]  "
+                         "remote error detected from rank: 5")
+        write(f"{node}/train.log", *lines)
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["culprit"] == NOBODY
+
+
 def test_a_silent_rank_on_a_node_that_kept_logging_hung(write, ruleset, tmp_path):
     for n, node in enumerate(["trn-a01", "trn-a02"]):
         ranks = range(8 * n, 8 * n + 8)

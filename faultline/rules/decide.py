@@ -24,8 +24,11 @@ from faultline.rules.refine import named_peer
 class DecideConfig:
     skew_s: float = 10.0  # clock-skew tolerance across nodes
     band: int = 10  # priorities this close cannot break a tie between causes
+    # What a rank prints when it reports the hang (counts it as reporting, not silent): its own timeout or
+    # progress, and the victims' lines that stand for one where the timeout itself is not printed: another
+    # rank's error propagated through the store (torch 2.8+), a nonblocking init that timed out.
     hang_symptoms: tuple[str, ...] = ("nccl_watchdog_timeout", "nccl_watchdog_progress", "store_barrier_wait",
-                                      "stalled_ready_ranks")
+                                      "stalled_ready_ranks", "nccl_remote_error_signal", "nccl_nonblocking_timeout")
     max_world: int = MAX_WORLD  # ranks a job can have; larger printed world sizes are not believed
     # launcher lines naming the first process to fail: its rank (else its local rank) when the deciding
     # lines name nobody. mpirun's `Process name:` row; torchrun's agent line `failed (exitcode: 1)
