@@ -4,11 +4,16 @@ The logs themselves are third-party text from public threads and logbooks and ar
 (corpus/README.md says why); the manifest keeps, per case, where the log is (source_url, commit), the
 label, and the split, so the set can be rebuilt and re-scored by anyone with the sources.
 
-    python corpus/build_manifest.py /path/to/cases > corpus/real-cases.yaml
+    python corpus/build_manifest.py /path/to/cases [corpus/real-cases.yaml] > new.yaml
+
+Each file's size and sha256 are recorded, so a copy rebuilt from the sources can be checked byte for byte.
+Given the current manifest, its cases that are not in the folder are kept as they are: a folder that
+holds only part of the set (a machine that lost the copy, a partial restore) does not shrink the manifest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -20,7 +25,12 @@ FIELDS = ("source_url", "commit", "title", "ecosystem", "outcome_category", "cul
           "multi_node", "state", "root_cause", "notes")
 
 
-def manifest(root: Path) -> list[dict]:
+def digest(path: Path) -> dict:
+    data = path.read_bytes()
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def manifest(root: Path, previous: list[dict] | None = None) -> list[dict]:
     rows = []
     for case in case_dirs(root):
         truth, why = read_truth(case)
@@ -29,10 +39,15 @@ def manifest(root: Path) -> list[dict]:
             continue
         row = {"id": case.name, "split": split_of(truth)}
         row |= {k: truth[k] for k in FIELDS if truth.get(k) is not None}
-        row["files"] = sorted(p.name for p in case.iterdir() if p.name != "truth.yaml")
+        files = sorted(p for p in case.iterdir() if p.name != "truth.yaml")
+        row["files"] = [p.name for p in files]
+        row["digests"] = {p.name: digest(p) for p in files}
         rows.append(row)
-    return rows
+    seen = {r["id"] for r in rows}
+    rows += [r for r in previous or [] if r["id"] not in seen]
+    return sorted(rows, key=lambda r: r["id"])
 
 
 if __name__ == "__main__":
-    yaml.safe_dump({"cases": manifest(Path(sys.argv[1]))}, sys.stdout, sort_keys=False, allow_unicode=True, width=110)
+    old = yaml.safe_load(Path(sys.argv[2]).read_text())["cases"] if len(sys.argv) > 2 else None
+    yaml.safe_dump({"cases": manifest(Path(sys.argv[1]), old)}, sys.stdout, sort_keys=False, allow_unicode=True, width=110)
