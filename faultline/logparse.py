@@ -111,9 +111,9 @@ def _to_ts(date: pl.Expr, clock: pl.Expr, offset: pl.Expr | None = None) -> pl.E
     return ts - pl.duration(minutes=minutes * sign)
 
 
-# A training step that printed a finite loss (`lm loss: 2.11E+00`, `{'loss': 1.93`, `loss=3.92`): the run
-# went on. Read once per line, kept as the last such line per file (no symptom rows: step lines are many).
-PROGRESS = r"(?i)loss['\"]?\s*(?:[:=]|value:)\s*['\"]?(?:tensor\()?\s*-?\d"
+# A training step that printed a finite loss (`lm loss: 2.11E+00`, `{'loss': 1.93`, `loss=3.92`, verl's
+# `actor/pg_loss:np.float64(0.04)`, a numpy scalar's repr): the run went on. Read once per line, kept as the last such line per file (no symptom rows: step lines are many).
+PROGRESS = r"(?i)loss['\"]?\s*(?:[:=]|value:)\s*['\"]?(?:tensor\(|np\.float\d\d\()?\s*-?\d"
 
 
 def progress_lines(lines: pl.DataFrame) -> pl.DataFrame:

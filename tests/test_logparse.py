@@ -4,7 +4,7 @@ import polars as pl
 import pytest
 
 from faultline.collectors.files import hints
-from faultline.logparse import identity_exprs, parse_lines, year_hint
+from faultline.logparse import identity_exprs, parse_lines, progress_lines, year_hint
 
 
 def one(line: str, **kw) -> dict:
@@ -201,3 +201,17 @@ def test_who_spoke_per_distinct_prefix_equals_the_full_parse_of_every_line():
     ]
     df = pl.DataFrame({"line": lines * 3})
     assert who_spoke(df).equals(df.select(**identity_exprs()))
+
+
+def test_progress_lines_are_finite_losses_in_each_printers_form():
+    lines = pl.DataFrame({"line": [
+        " iteration      100/ 1000 | lm loss: 2.110E+00 |",
+        "{'loss': 1.9312, 'grad_norm': 3.1, 'learning_rate': 1e-05, 'epoch': 0.1}",
+        "(TaskRunner pid=5257) step:6 - actor/pg_loss:np.float64(-0.0619) - critic/score/mean:0.5",
+        "Epoch 3: loss=tensor(0.8812)",
+        "loss: nan",                                   # not finite: not progress
+        "Loss is Infinity, stopping training",
+        "loss scale: 65536.0, skipped",                 # a loss scale is not a loss
+    ]})
+    got = progress_lines(lines)["line"].to_list()
+    assert got == lines["line"].to_list()[:4]
