@@ -725,3 +725,19 @@ def test_an_exception_inside_a_signal_handler_is_how_the_job_ended_not_why(write
     # the same exception raised by the training code (no handler frame) is the user's bug
     bug = [stop[1], '  File "/work/train.py", line 88, in step', "    kill_cmd.append(str(pid))", stop[4]]
     assert diagnose_files([write("train.log", *bug)], ruleset)["outcome"] == "user_code_error"
+
+
+def test_the_one_node_whose_srun_tasks_exited_on_their_own_is_where_an_unplaced_cause_failed(write, ruleset):
+    lines = ["Traceback (most recent call last):",
+             '  File "/opt/env/lib/python3.10/site-packages/torch/__init__.py", line 237, in <module>',
+             "ImportError: /opt/env/lib/python3.10/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: ncclDevCommDestroy",
+             "srun: error: i51: task 0: Exited with exit code 1",
+             "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.",
+             "srun: error: i60: task 1: Terminated"]
+    d = diagnose_files([write("job/slurm.out", *lines)], ruleset)
+    assert d["outcome"] == "config_error" and d["culprit"]["nodes"] == ["i51"]
+    assert d["confidence"] != "high"        # where it failed first, from the launcher, not from the line
+    # two nodes' tasks exiting on their own: no one place
+    both = lines[:4] + ["srun: error: i60: task 1: Exited with exit code 1"]
+    d = diagnose_files([write("job2/slurm.out", *both)], ruleset)
+    assert d["outcome"] == "config_error" and d["culprit"] == NOBODY

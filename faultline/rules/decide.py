@@ -35,6 +35,9 @@ class DecideConfig:
     # local_rank: 3` (the earliest failure of its node) and its summary's `Root Cause` entry. Only rows
     # that blame their worker count: a SIGTERM/SIGABRT exit or an entry under `Failures:` does not.
     first_failure_symptoms: tuple[str, ...] = ("mpi_process_named", "torchrun_child_failed", "torchrun_failure_rank")
+    # srun's `HOST: task N: Exited with exit code RC`: the node whose tasks exited on their own (the others
+    # were signalled by srun's teardown), when exactly one node did
+    first_failure_node_symptoms: tuple[str, ...] = ("slurm_task_exit_code",)
     # verdicts whose first process to fail is a victim: in a hang the first to exit is the first to time out
     first_failure_not_for: tuple[str, ...] = ("nccl_timeout_hang",)
 
@@ -348,27 +351,34 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
     # Read from every refined row, context included: the summary's rank row is context (it decides nothing).
     # A worker known only by its local rank counts when the launcher rows of the job name one local rank on
     # at most one node (each node's agent reports its own first failure: two nodes, two first failures).
-    said = refined.filter(pl.col("superseded_by").is_null() & pl.col("symptom").is_in(list(cfg.first_failure_symptoms))
-                          & (pl.col("implicates") == "self"))
+    said = refined.filter(pl.col("superseded_by").is_null() & (pl.col("implicates") == "self")
+                          & pl.col("symptom").is_in([*cfg.first_failure_symptoms, *cfg.first_failure_node_symptoms]))
+    by_node = pl.col("symptom").is_in(list(cfg.first_failure_node_symptoms))
     first = (said.group_by(KEY).agg(
-        first_ranks=pl.col("target_rank").drop_nulls().unique().sort(),
-        first_local=pl.col("target_local_rank").filter(pl.col("target_rank").is_null()).drop_nulls().unique().sort(),
-        first_nodes=pl.col("node").filter(pl.col("target_rank").is_null() & pl.col("target_local_rank").is_not_null())
-        .drop_nulls().n_unique()))
+        first_ranks=pl.col("target_rank").filter(~by_node).drop_nulls().unique().sort(),
+        first_local=pl.col("target_local_rank").filter(~by_node & pl.col("target_rank").is_null()).drop_nulls().unique().sort(),
+        first_nodes=pl.col("node").filter(~by_node & pl.col("target_rank").is_null() & pl.col("target_local_rank").is_not_null())
+        .drop_nulls().n_unique(),
+        exit_nodes=pl.col("target_node").filter(by_node).drop_nulls().unique().sort()))
     nobody = ((pl.col("culprit_nodes").list.len() == 0) & (pl.col("culprit_ranks").list.len() == 0)
               & (pl.col("culprit_gpus").list.len() == 0) & (pl.col("culprit_gpu_pci").list.len() == 0)
               & (pl.col("culprit_local_ranks").list.len() == 0) & pl.col("inference").is_null()
               & ~pl.col("outcome").is_in(list(cfg.first_failure_not_for)).fill_null(False))
     one_rank = pl.col("first_ranks").list.len() == 1
     one_local = (pl.col("first_ranks").list.len() == 0) & (pl.col("first_local").list.len() == 1) & (pl.col("first_nodes") <= 1)
+    one_node = ((pl.col("first_ranks").list.len() == 0) & (pl.col("first_local").list.len() == 0)
+                & (pl.col("exit_nodes").list.len() == 1))
     verdict = verdict.join(first, on=KEY, how="left").with_columns(
-        launcher_named=(nobody & (one_rank | one_local)).fill_null(False), _by_rank=one_rank.fill_null(False))
+        launcher_named=(nobody & (one_rank | one_local | one_node)).fill_null(False), _by_rank=one_rank.fill_null(False),
+        _by_node=one_node.fill_null(False))
     verdict = verdict.with_columns(
+        culprit_nodes=pl.when(pl.col("launcher_named") & pl.col("_by_node")).then(pl.col("exit_nodes"))
+        .otherwise(pl.col("culprit_nodes")),
         culprit_ranks=pl.when(pl.col("launcher_named") & pl.col("_by_rank")).then(pl.col("first_ranks").cast(pl.List(pl.Int32)))
         .otherwise(pl.col("culprit_ranks")),
-        culprit_local_ranks=pl.when(pl.col("launcher_named") & ~pl.col("_by_rank"))
+        culprit_local_ranks=pl.when(pl.col("launcher_named") & ~pl.col("_by_rank") & ~pl.col("_by_node"))
         .then(pl.col("first_local").cast(pl.List(pl.Int32))).otherwise(pl.col("culprit_local_ranks")),
-    ).drop("first_ranks", "first_local", "first_nodes", "_by_rank")
+    ).drop("first_ranks", "first_local", "first_nodes", "exit_nodes", "_by_rank", "_by_node")
     # A hang blamed on one rank by name (a desync report's `[3] joined but didn't finish`, a monitored barrier's
     # `Rank 3 failed to pass`) with no node: the node that rank's own lines were printed on, when they were
     # printed on exactly one (the same placement the inferred hang culprits get, from a line of that rank).
