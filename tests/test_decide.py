@@ -471,6 +471,15 @@ def test_ray_actor_whose_worker_process_died_names_the_node_its_ip_row_gives(wri
     assert d["outcome"] == "unknown" and d["culprit"]["nodes"] == []
 
 
+def test_a_pod_that_found_no_free_gpu_is_a_setup_problem_until_the_same_file_shows_it_trained(write, ruleset):
+    pending = "  Warning  FailedScheduling  3m  default-scheduler  0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    d = diagnose_files([write("pending/describe.txt", "Status:       Pending", pending)], ruleset)
+    assert d["outcome"] == "config_error" and d["culprit"]["nodes"] == []
+    # it waited, then ran: the wait was no failure
+    d = diagnose_files([write("ran/pod.log", pending, "[rank0]: step 1200 | loss: 2.113 | lr 3e-4")], ruleset)
+    assert d["outcome"] == "healthy"
+
+
 MPIRUN_FIRST_FAILED = (
     "--------------------------------------------------------------------------",
     "mpirun detected that one or more processes exited with non-zero status, thus causing",
