@@ -507,6 +507,27 @@ def test_ray_actor_death_names_the_dead_node_by_the_ip_its_context_gives_not_by_
     assert d["culprit"]["nodes"] == ["5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f"]
 
 
+def test_ray_actor_whose_worker_process_died_names_the_node_its_ip_row_gives(write, ruleset):
+    lines = [*RAY_ACTOR_NODE_DIED[:-1],
+             "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit "
+             "detail: Worker unexpectedly exits with a connection error code 2. End of file."]
+    d = diagnose_files([write("driver.log", *lines)], ruleset)
+    assert d["outcome"] == "unknown" and d["culprit"]["nodes"] == ["10.31.4.77"]
+    assert d["recommended_action"]["action"] not in ("drain_node", "reset_gpu", "restart_excluding")
+    # without the `ip:` row nothing says where the worker was
+    d = diagnose_files([write("driver2.log", *[ln for ln in lines if "ip:" not in ln])], ruleset)
+    assert d["outcome"] == "unknown" and d["culprit"]["nodes"] == []
+
+
+def test_a_pod_that_found_no_free_gpu_is_a_setup_problem_until_the_same_file_shows_it_trained(write, ruleset):
+    pending = "  Warning  FailedScheduling  3m  default-scheduler  0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    d = diagnose_files([write("pending/describe.txt", "Status:       Pending", pending)], ruleset)
+    assert d["outcome"] == "config_error" and d["culprit"]["nodes"] == []
+    # it waited, then ran: the wait was no failure
+    d = diagnose_files([write("ran/pod.log", pending, "[rank0]: step 1200 | loss: 2.113 | lr 3e-4")], ruleset)
+    assert d["outcome"] == "healthy"
+
+
 MPIRUN_FIRST_FAILED = (
     "--------------------------------------------------------------------------",
     "mpirun detected that one or more processes exited with non-zero status, thus causing",

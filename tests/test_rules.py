@@ -141,6 +141,36 @@ def test_a_builtin_pack_loads_alone_but_an_operator_typo_in_supersedes_does_not(
         load_ruleset([pack], builtin=False)
 
 
+def test_a_line_implicating_a_peer_it_does_not_name_needs_a_header_that_gives_one(tmp_path):
+    victim = """\
+          - id: mine.victim
+            title: x
+            description: y
+            match: {log: {literals: ["worker died"], regex: "worker died"}}
+            emits: {symptom: v, role: cascade, domain: unknown, implicates: peer, outcome: unknown}
+            tests: {match: ["worker died"]}
+        """
+    header = """\
+          - id: mine.header
+            title: x
+            description: y
+            match: {log: {literals: ["ip:"], regex: "ip: (?P<ip>[0-9.]+)"}}
+            emits: {symptom: h, role: context, domain: unknown, implicates: none, peer: ip, outcome: unknown}
+            places: {symptoms: [v], within: 2, gives: [PEER]}
+            tests: {match: ["ip: 10.0.0.7"]}
+        """
+    for gives, loads in (("peer", True), ("node", False)):
+        pack = tmp_path / f"mine_{gives}"
+        pack.mkdir()
+        (pack / "a.yaml").write_text("rules:\n" + textwrap.dedent(victim) + textwrap.dedent(header.replace("PEER", gives)))
+        if loads:
+            rules = load_ruleset([pack], builtin=False).by_id()
+            assert rules["mine.victim"].emits.implicates == "peer" and not rules["mine.victim"].emits.peer
+        else:
+            with pytest.raises(RulesetError, match="or a header whose places gives peer to its symptom"):
+                load_ruleset([pack], builtin=False)
+
+
 def test_operator_pack_overrides_builtin_rule_by_id(tmp_path, ruleset):
     pack = tmp_path / "site"
     pack.mkdir()

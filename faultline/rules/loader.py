@@ -273,7 +273,10 @@ class _Builder:
                 self.bad(where, f"emits.{key} {values[key]!r} not in {allowed}")
         if not re.fullmatch(r"[a-z0-9_]+", values["symptom"]):
             self.bad(where, "emits.symptom must be snake_case")
-        if values["implicates"] == "peer" and values["peer"] not in captures and values["peer_rank"] not in captures:
+        # implicates=peer with neither: the peer is given by a block header above the line (places.gives peer),
+        # checked once the whole ruleset is loaded
+        if (values["implicates"] == "peer" and (values["peer"] or values["peer_rank"])
+                and values["peer"] not in captures and values["peer_rank"] not in captures):
             self.bad(where, "emits.implicates=peer needs emits.peer (or emits.peer_rank) naming a capture of the regex")
         for key in ("peer", "peer_rank"):
             if values[key] and values[key] not in captures:
@@ -450,6 +453,14 @@ def _load_ruleset(dirs: list[Path]) -> Ruleset:
         for where, key, target in targets:
             if target not in known and not (lenient and key == "supersedes"):
                 builder.bad(where, f"{r.id}: {key} unknown rule or symptom {target!r}")
+    # A line that implicates a peer it does not name itself needs a header that gives it one.
+    given_peer = {t for r in rules.values() if r.places and "peer" in r.places.gives for t in r.places.symptoms}
+    for r in rules.values():
+        lenient = partial_builtin and Path(r.path).resolve().is_relative_to(BUILTIN_PACKS.resolve())
+        if (r.emits.implicates == "peer" and not r.emits.peer and not r.emits.peer_rank
+                and r.emits.symptom not in given_peer and not lenient):
+            builder.bad(r.path, f"{r.id}: emits.implicates=peer needs emits.peer (or emits.peer_rank) naming a capture "
+                                "of the regex, or a header whose places gives peer to its symptom")
     if builder.problems:
         raise RulesetError(builder.problems)
     ordered = tuple(sorted(rules.values(), key=lambda r: r.id))
