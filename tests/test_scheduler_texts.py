@@ -1,0 +1,61 @@
+"""Scheduler and orchestrator end-of-job texts across rules: which one decides, and who is blamed."""
+
+from faultline.pipeline import diagnose_files
+
+
+def test_k8s_sigkill_with_reason_error_is_not_read_as_host_oom(tmp_path, write, ruleset):
+    # Exit code 137 without Reason OOMKilled: a kill after the grace period, a liveness probe. The
+    # generic "137 is most often OOM" reading must not take these Kubernetes lines.
+    write("describe.txt", "    Last State:     Terminated", "      Reason:       Error",
+          "      Exit Code:    137")
+    write("collector.log", "pod team-a/w-2 container pytorch: State: Terminated, Reason: Error, Exit Code: 137, "
+          "Restart Count: 0")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "unknown", d
+    assert {e["rule_id"] for e in d["evidence"]} & {"k8s.sigkill_not_oom", "k8s.exit_code_signal"}
+
+
+def test_k8s_oomkilled_still_decides_over_the_exit_code(tmp_path, write, ruleset):
+    write("describe.txt", "    State:          Terminated", "      Reason:       OOMKilled",
+          "      Exit Code:    137")
+    assert diagnose_files([tmp_path], ruleset)["outcome"] == "host_oom"
+
+
+def test_srun_prolog_failure_blames_the_named_node_not_the_printer(tmp_path, write, ruleset):
+    write("gpu001/slurm-88.out", "step 10 loss 2.1",
+          "srun: error: Task launch for StepId=88.0 failed on node gpu007: Job prolog failed",
+          "srun: error: Application launch failed: Job prolog failed")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "node_failure", d
+    assert d["culprit"]["nodes"] == ["gpu007"]
+
+
+def test_flux_node_failure_names_the_lost_host(tmp_path, write, ruleset):
+    write("flux-job.err", "step 100 loss 2.1",
+          "88.204s: job.exception f2Ssd5N3 type=node-failure severity=0 node failure on gpu-n12 (shell rank 3)",
+          "flux-job: task(s) exited with exit code 1")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "node_failure", d
+    assert d["culprit"]["nodes"] == ["gpu-n12"]
+
+
+def test_flux_first_task_exit_defers_to_the_python_error(tmp_path, write, ruleset):
+    write("flux-job.err", "Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
+          "KeyError: 'lr'",
+          "flux-shell[0]: FATAL: doom: python: task rank 5 on host gpu-n17 exited (Exit 1) and "
+          "exit-timeout=30s has expired")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "user_code_error", d
+    assert d["culprit"]["nodes"] == []
+
+
+def test_htcondor_eviction_is_preemption_and_reconnect_failure_names_the_node(tmp_path, write, ruleset):
+    write("a/job.log", "004 (4242.000.000) 2025-03-01 12:00:00 Job was evicted.", "\t(0) CPU times")
+    d = diagnose_files([tmp_path / "a"], ruleset)
+    assert d["outcome"] == "scheduler_preemption_cancel", d
+    write("b/job.log", "024 (4242.000.000) 2025-03-01 12:40:00 Job reconnection failed",
+          "    Job disconnected too long: JobLeaseDuration (2400 seconds) expired",
+          "    Can not reconnect to slot1_2@gpu-n7.example.org, rescheduling job")
+    d = diagnose_files([tmp_path / "b"], ruleset)
+    assert d["outcome"] == "node_failure", d
+    assert d["culprit"]["nodes"] == ["gpu-n7"]
