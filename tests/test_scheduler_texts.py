@@ -59,3 +59,13 @@ def test_htcondor_eviction_is_preemption_and_reconnect_failure_names_the_node(tm
     d = diagnose_files([tmp_path / "b"], ruleset)
     assert d["outcome"] == "node_failure", d
     assert d["culprit"]["nodes"] == ["gpu-n7"]
+
+
+def test_k8s_admission_failure_for_lost_gpus_blames_the_describe_node(tmp_path, write, ruleset):
+    write("describe.txt", "Name:         trainer-worker-3", "Node:         gpu-node-7/10.0.0.7",
+          "Status:       Failed", "Reason:       UnexpectedAdmissionError",
+          "Message:      Pod Allocate failed due to requested number of devices unavailable for nvidia.com/gpu. "
+          "Requested: 8, Available: 7, which is unexpected")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "node_failure", d
+    assert d["culprit"]["nodes"] == ["gpu-node-7"]
