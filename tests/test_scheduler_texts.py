@@ -69,3 +69,21 @@ def test_k8s_admission_failure_for_lost_gpus_blames_the_describe_node(tmp_path, 
     d = diagnose_files([tmp_path], ruleset)
     assert d["outcome"] == "node_failure", d
     assert d["culprit"]["nodes"] == ["gpu-node-7"]
+
+
+def test_k8s_runtime_and_cni_errors_in_describe_take_the_pods_node(tmp_path, write, ruleset):
+    write("a/describe.txt", "Name:         trainer-worker-3", "Node:         gpu-node-7/10.0.0.7",
+          "    State:          Terminated", "      Reason:       StartError",
+          "      Message:      failed to create containerd task: failed to create shim task: OCI runtime create "
+          "failed: runc create failed: unable to start container process: error during container init: error "
+          "running hook #0: error running hook: exit status 1, stdout: , stderr: nvidia-container-cli: "
+          "initialization error: nvml error: driver/library version mismatch: unknown")
+    d = diagnose_files([tmp_path / "a"], ruleset)
+    assert d["culprit"]["nodes"] == ["gpu-node-7"], d
+    write("b/describe.txt", "Name:         trainer-worker-3", "Node:         gpu-node-8/10.0.0.8", "Events:",
+          "  Warning  NetworkNotReady  2m  kubelet  network is not ready: container runtime network not ready: "
+          "NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not "
+          "initialized")
+    d = diagnose_files([tmp_path / "b"], ruleset)
+    assert d["outcome"] == "node_failure", d
+    assert d["culprit"]["nodes"] == ["gpu-node-8"]
