@@ -87,3 +87,54 @@ def test_k8s_runtime_and_cni_errors_in_describe_take_the_pods_node(tmp_path, wri
     d = diagnose_files([tmp_path / "b"], ruleset)
     assert d["outcome"] == "node_failure", d
     assert d["culprit"]["nodes"] == ["gpu-node-8"]
+
+
+def test_an_outage_the_same_file_sees_end_is_set_aside_but_a_later_one_stays(tmp_path, write, ruleset):
+    # resolved_by: `nfs: server X OK` after `not responding` (same server, same file) ends the outage.
+    write("a/gpu007/dmesg.log",
+          "[Mon Dec  1 10:00:00 2026] nfs: server nfs01 not responding, still trying",
+          "[Mon Dec  1 10:00:10 2026] nfs: server nfs01 OK")
+    assert diagnose_files([tmp_path / "a"], ruleset)["outcome"] == "healthy"
+    # Another server's recovery does not end it, nor does a recovery before a new outage.
+    write("b/gpu007/dmesg.log",
+          "[Mon Dec  1 10:00:00 2026] nfs: server nfs01 not responding, still trying",
+          "[Mon Dec  1 10:00:10 2026] nfs: server nfs02 OK")
+    assert diagnose_files([tmp_path / "b"], ruleset)["outcome"] == "storage_io"
+    write("c/gpu007/dmesg.log",
+          "[Mon Dec  1 10:00:00 2026] nfs: server nfs01 not responding, still trying",
+          "[Mon Dec  1 10:00:10 2026] nfs: server nfs01 OK",
+          "[Mon Dec  1 10:05:00 2026] nfs: server nfs01 not responding, timed out")
+    d = diagnose_files([tmp_path / "c"], ruleset)
+    assert d["outcome"] == "storage_io", d
+    assert "timed out" in d["root_cause"]
+    write("d/gpu007/dmesg.log",
+          "[Mon Dec  1 10:00:00 2026] Lustre: scratch-OST0004-osc-ffff9a1c: Connection to scratch-OST0004 "
+          "(at 10.40.2.14@o2ib) was lost; in progress operations using this service will wait for recovery "
+          "to complete",
+          "[Mon Dec  1 10:00:40 2026] Lustre: scratch-OST0004-osc-ffff9a1c: Connection restored to "
+          "10.40.2.14@o2ib (at 10.40.2.14@o2ib)")
+    assert diagnose_files([tmp_path / "d"], ruleset)["outcome"] == "healthy"
+
+
+def test_resolved_by_names_only_captures_of_the_rule(tmp_path):
+    import textwrap
+
+    import pytest
+
+    from faultline.rules.loader import RulesetError, load_ruleset
+    pack = tmp_path / "p"
+    pack.mkdir()
+    (pack / "r.yaml").write_text(textwrap.dedent("""
+        rules:
+          - id: p.outage
+            title: t
+            status: stable
+            description: d
+            match: {log: {literals: ["down now"], regex: 'server (?P<server>\\\\S+) down now'}}
+            emits: {symptom: s_down, role: root, domain: infrastructure, implicates: none, outcome: storage_io,
+                    summary: x}
+            resolved_by: {symptoms: [s_up], same: [host]}
+            tests: {match: ["server a down now"]}
+        """))
+    with pytest.raises(RulesetError, match="resolved_by.same"):
+        load_ruleset([pack])
