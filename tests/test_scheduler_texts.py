@@ -138,3 +138,14 @@ def test_resolved_by_names_only_captures_of_the_rule(tmp_path):
         """))
     with pytest.raises(RulesetError, match="resolved_by.same"):
         load_ruleset([pack])
+
+
+def test_node_problem_detector_condition_in_describe_node_takes_the_node(tmp_path, write, ruleset):
+    write("node.txt", "Name:               gpu-node-7", "Conditions:",
+          "  Type             Status  LastHeartbeatTime                 LastTransitionTime                "
+          "Reason      Message",
+          "  KernelDeadlock   True    Mon, 01 Dec 2026 10:00:00 +0000   Mon, 01 Dec 2026 10:01:00 +0000   "
+          "DockerHung  kernel: INFO: task docker:20744 blocked for more than 120 seconds.")
+    d = diagnose_files([tmp_path], ruleset)
+    assert d["outcome"] == "node_failure", d
+    assert d["culprit"]["nodes"] == ["gpu-node-7"]
