@@ -149,3 +149,14 @@ def test_node_problem_detector_condition_in_describe_node_takes_the_node(tmp_pat
     d = diagnose_files([tmp_path], ruleset)
     assert d["outcome"] == "node_failure", d
     assert d["culprit"]["nodes"] == ["gpu-node-7"]
+
+
+def test_a_retried_start_up_event_does_not_outrank_the_jobs_later_cause(tmp_path, write, ruleset):
+    # FailedCreatePodSandBox is retried by the kubelet: a confirmation, so the pod's later CUDA OOM decides.
+    write("events.txt", "2m  Warning  FailedCreatePodSandBox  pod/w-0  Failed to create pod sandbox: rpc error: code = "
+          "Unknown desc = failed to setup network for sandbox \"5f2c\": plugin type=\"calico\" failed (add): "
+          "error getting ClusterInformation: connection is unauthorized: Unauthorized")
+    write("w-0.log", "step 10 loss 2.1",
+          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+          "79.15 GiB of which 1.02 GiB is free.")
+    assert diagnose_files([tmp_path], ruleset)["outcome"] == "cuda_oom"
