@@ -160,3 +160,11 @@ def test_a_retried_start_up_event_does_not_outrank_the_jobs_later_cause(tmp_path
           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
           "79.15 GiB of which 1.02 GiB is free.")
     assert diagnose_files([tmp_path], ruleset)["outcome"] == "cuda_oom"
+
+
+def test_htcondor_eviction_then_a_memory_hold_is_the_memory_hold(tmp_path, write, ruleset):
+    write("job.log", "004 (4242.000.000) 2025-03-01 12:00:00 Job was evicted.", "\t(0) CPU times",
+          "001 (4242.000.000) 2025-03-01 12:05:00 Job executing on host: <10.0.0.8:9618>",
+          "012 (4242.000.000) 2025-03-01 13:00:00 Job was held.",
+          "\tJob has gone over cgroup memory limit of 16384 megabytes. Peak usage: 17012 megabytes.")
+    assert diagnose_files([tmp_path], ruleset)["outcome"] == "host_oom"
