@@ -17,7 +17,8 @@ from pathlib import Path
 
 
 from faultline import taxonomy
-from faultline.rules.model import AtStartup, Emits, JobMatch, LogMatch, Lookup, Places, Rule, RuleTest, Ruleset, Section
+from faultline.rules.model import (AtStartup, Emits, JobMatch, LogMatch, Lookup, Places, ResolvedBy, Rule, RuleTest,
+                                   Ruleset, Section)
 
 BUILTIN_PACKS = Path(__file__).parent / "packs"
 _GROUP_NAME = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
@@ -102,7 +103,7 @@ class _Builder:
         if status not in taxonomy.STATUSES:
             self.bad(where, f"status {status!r} not in {taxonomy.STATUSES}")
         known = {"id", "title", "status", "description", "references", "match", "emits", "priority",
-                 "supersedes", "supersedes_within", "recoverable", "at_startup", "places", "section", "action", "lookup", "tests", "__line__"}
+                 "supersedes", "supersedes_within", "recoverable", "resolved_by", "at_startup", "places", "section", "action", "lookup", "tests", "__line__"}
         for key in raw:
             if key not in known:
                 self.bad(where, f"unknown key {key!r}")
@@ -139,6 +140,7 @@ class _Builder:
 
         at_startup = self._at_startup(raw["at_startup"], log, emits, where) if "at_startup" in raw else None
         places = self._places(raw["places"], log, where) if "places" in raw else None
+        resolved_by = self._resolved_by(raw["resolved_by"], log, where) if "resolved_by" in raw else None
         section = self._section(raw["section"], log, where) if "section" in raw else None
 
         tests = raw.get("tests") or {}
@@ -163,7 +165,8 @@ class _Builder:
             pack=pack, path=str(path), emits=emits, log=log, job=job, metric=metric,
             references=tuple(str(r) for r in _as_tuple(raw.get("references"))),
             priority=priority, supersedes=tuple(str(s) for s in _as_tuple(raw.get("supersedes"))),
-            supersedes_within=within, recoverable=bool(raw.get("recoverable", False)), at_startup=at_startup, places=places,
+            supersedes_within=within, recoverable=bool(raw.get("recoverable", False)), resolved_by=resolved_by,
+            at_startup=at_startup, places=places,
             section=section, action=action, lookup=lookup, tests_match=t_match, tests_no_match=t_no,
         )
 
@@ -208,6 +211,21 @@ class _Builder:
         if not gives or set(gives) - {"node", "rank", "peer"}:
             self.bad(where, "places.gives lists node, rank and/or peer")
         return Places(symptoms=symptoms, within=within, gives=gives)
+
+    def _resolved_by(self, raw, log: LogMatch | None, where) -> ResolvedBy | None:
+        if not isinstance(raw, dict) or set(raw) - {"symptoms", "same", "__line__"}:
+            self.bad(where, "resolved_by is a mapping of symptoms and (optionally) same")
+            return None
+        symptoms = tuple(str(s) for s in _as_tuple(raw.get("symptoms")))
+        same = tuple(str(c) for c in _as_tuple(raw.get("same")))
+        if log is None:
+            self.bad(where, "resolved_by needs a log match")
+        if not symptoms:
+            self.bad(where, "resolved_by.symptoms: name the symptoms of the lines that end the outage")
+        for c in same:
+            if log is not None and c not in log.captures:
+                self.bad(where, f"resolved_by.same: {c!r} is not a capture of the regex")
+        return ResolvedBy(symptoms=symptoms, same=same)
 
     def _section(self, raw, log: LogMatch | None, where) -> Section | None:
         if not isinstance(raw, dict) or set(raw) - {"symptoms", "within", "role", "implicates", "__line__"}:

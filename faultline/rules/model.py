@@ -108,6 +108,16 @@ class AtStartup:
 
 
 @dataclass(frozen=True)
+class ResolvedBy:
+    """An outage that a later line of the same file says is over (`nfs: server X OK` after `not
+    responding`): the rule's match is set aside when a line of one of `symptoms` follows it in that file,
+    with the captures named in `same` equal (the same server)."""
+
+    symptoms: tuple[str, ...]
+    same: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     title: str
@@ -124,6 +134,7 @@ class Rule:
     supersedes: tuple[str, ...] = ()
     supersedes_within: int = 0  # > 0: supersede only matches in the next N lines of the same file
     recoverable: bool = False  # set aside when the same file shows training progress after it
+    resolved_by: ResolvedBy | None = None  # set aside when a later line of the same file says it is over
     at_startup: AtStartup | None = None  # outcome (summary, domain, action) when the job never trained
     places: Places | None = None  # a block header: gives its node/rank to the block's lines
     section: Section | None = None  # a section header: sets the role of the section's lines

@@ -252,6 +252,36 @@ def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.D
                             ).drop("last_progress")
 
 
+def set_aside_resolved(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
+    """A `resolved_by` outage (`nfs: server X not responding`) that a later line of the same file says is
+    over (`nfs: server X OK`, with the captures in `same` equal) was survived: set aside, not a cause. An
+    outage with no such line after it, or a new one after the recovery, stays."""
+    rules = [(r.id, r.resolved_by) for r in ruleset.rules if r.resolved_by is not None]
+    if not rules or symptoms.height == 0:
+        return symptoms
+    by = [*KEY, "file"]
+    out = symptoms.with_row_index("_row")
+    hit = []
+    for rid, res in rules:
+        outage = out.filter((pl.col("rule_id") == rid) & pl.col("superseded_by").is_null())
+        if outage.height == 0:
+            continue
+        ends = out.filter(pl.col("symptom").is_in(list(res.symptoms))).select(
+            *by, _eseq="seq", _ecap="captures")
+        pairs = outage.select("_row", *by, "seq", "captures").join(ends, on=by).filter(pl.col("_eseq") > pl.col("seq"))
+        for c in res.same:
+            mine, theirs = (pl.col(col).str.json_path_match(f"$.{c}") for col in ("captures", "_ecap"))
+            pairs = pairs.filter((mine == theirs).fill_null(False))
+        hit.append(pairs.select("_row"))
+    if not hit:
+        return symptoms
+    rows = pl.concat(hit).unique().with_columns(_resolved=pl.lit(True))
+    out = out.join(rows, on="_row", how="left", maintain_order="left")
+    return out.with_columns(superseded_by=pl.when(pl.col("_resolved").fill_null(False) & pl.col("superseded_by").is_null())
+                            .then(pl.lit("resolved: a later line says it is over")).otherwise(pl.col("superseded_by"))
+                            ).drop("_row", "_resolved")
+
+
 def reread_at_startup(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None) -> pl.DataFrame:
     """A rule's `at_startup` outcome (summary, domain, action) replaces its own in a job that shows no
     training progress in any file: the same missing data file is a wrong path at start-up, not storage
@@ -308,7 +338,8 @@ def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | No
            stats: pl.DataFrame | None = None) -> pl.DataFrame:
     out = reread_at_startup(symptoms, ruleset, progress)
     out = supersede(set_roles_by_section(place_by_headers(out, ruleset), ruleset), ruleset)
-    out = resolve_peers(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress), stats)
+    out = set_aside_resolved(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress), ruleset)
+    out = resolve_peers(out, stats)
     out = end_after_fault(out)
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
