@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,12 @@ def evaluate(root: Path, ruleset: Ruleset, split: str | None = None,
             continue
         # The case's own job id when the truth gives one; never the folder name ("015" is not a Slurm id).
         job_id = str(truth.get("job_id") or f"case-{case.name}")
-        d = diagnose_files([case], ruleset, job_id=job_id, cluster="eval", state=truth.get("state", "UNKNOWN"))
+        # Nor a node: the corpus's folder name (`N-013`) is the harness's, and reads like an LSF host
+        # (`n-62-20-2`). The case is read through a link named `case`, which names no host.
+        with tempfile.TemporaryDirectory() as tmp:
+            alias = Path(tmp) / "case"
+            alias.symlink_to(case.resolve(), target_is_directory=True)
+            d = diagnose_files([alias], ruleset, job_id=job_id, cluster="eval", state=truth.get("state", "UNKNOWN"))
         r = score_case(case.name, truth, d)
         r.ecosystem, r.split = str(truth.get("ecosystem") or "-"), side
         results.append(r)

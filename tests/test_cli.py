@@ -69,3 +69,13 @@ def test_development_corpus_stays_right_with_no_wrong_blame(ruleset):
     assert len(results) >= 14
     assert sum(r.outcome_right for r in results) >= len(results) - 1  # issue 2: at least 13 of 14
     assert not [r.case for r in results if r.wrong_blame]
+
+
+def test_eval_never_takes_a_case_folders_name_for_a_node(tmp_path, ruleset):
+    # `N-013` reads like an LSF host (`n-62-20-2`); as a corpus case's folder it is the harness's name
+    case = tmp_path / "N-013"
+    case.mkdir()
+    (case / "log.txt").write_text("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n")
+    (case / "truth.yaml").write_text("outcome_category: config_error\nculprit: null\n")
+    (r,) = evaluate(tmp_path, ruleset)
+    assert r.outcome == "config_error" and r.culprit["nodes"] == [] and not r.wrong_blame
