@@ -795,3 +795,7 @@ def test_a_lost_rendezvous_heartbeat_is_a_lost_node_unless_a_root_says_more(writ
     assert d["outcome"] == "node_failure" and d["culprit"] == NOBODY
     q = write("agent-2.log", "Mar 10 01:33:03 gpu-n11 kernel: Out of memory: Killed process 7815 (python) total-vm:45371652kB, anon-rss:31360488kB", hb)
     assert diagnose_files([q], ruleset)["outcome"] == "host_oom"
+    r = write("agent-3.log", hb, "step 1201 | loss: 2.113 | lr 3e-4")  # the run went on: a blip it survived
+    assert diagnose_files([r], ruleset)["outcome"] != "node_failure"
+    slow = hb.replace("RendezvousConnectionError", "RendezvousTimeoutError")  # a slow store, not a lost one
+    assert diagnose_files([write("agent-4.log", slow)], ruleset)["outcome"] != "node_failure"
