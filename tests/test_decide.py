@@ -762,3 +762,40 @@ def test_the_one_node_whose_srun_tasks_exited_on_their_own_is_where_an_unplaced_
     both = lines[:4] + ["srun: error: i60: task 1: Exited with exit code 1"]
     d = diagnose_files([write("job2/slurm.out", *both)], ruleset)
     assert d["outcome"] == "config_error" and d["culprit"] == NOBODY
+
+
+def test_no_free_swap_is_an_oom_report_but_not_after_a_page_allocation_failure(write, ruleset):
+    # The `Free swap  = 0kB` row of the kernel's memory report alone: the node ran out of memory. The same
+    # report under warn_alloc's `page allocation failure` header is one failed (often high-order) allocation.
+    p = write("messages", "Mar 10 01:33:03 cpu-3-7 kernel: Free swap  = 0kB")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "host_oom" and d["culprit"] == {**NOBODY, "nodes": ["cpu-3-7"]}
+    q = write("messages-2",
+              "Mar 10 01:33:02 cpu-3-7 kernel: kworker/0:1: page allocation failure: order:4, mode:0x40cc0(GFP_KERNEL), nodemask=(null)",
+              "Mar 10 01:33:03 cpu-3-7 kernel: Free swap  = 0kB")
+    assert diagnose_files([q], ruleset)["outcome"] != "host_oom"
+
+
+def test_mpich_exit_code_is_the_wait_status_of_the_rank_on_the_banner_node(write, ruleset):
+    banner = ["=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES", "=   PID 4242 RUNNING AT hpc-n07"]
+    p = write("mpi.out", *banner, "=   EXIT CODE: 9", "=   CLEANING UP REMAINING PROCESSES")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "host_oom" and d["culprit"]["nodes"] == ["hpc-n07"]
+    q = write("mpi-2.out", *banner, "=   EXIT CODE: 139", "=   CLEANING UP REMAINING PROCESSES")
+    assert diagnose_files([q], ruleset)["outcome"] == "segfault_native"
+    r = write("mpi-3.out", *banner, "=   EXIT CODE: 1", "=   CLEANING UP REMAINING PROCESSES")
+    assert diagnose_files([r], ruleset)["outcome"] == "unknown"
+
+
+def test_a_lost_rendezvous_heartbeat_is_a_lost_node_unless_a_root_says_more(write, ruleset):
+    hb = ("WARNING:torch.distributed.elastic.rendezvous.dynamic_rendezvous:The node 'gpu-n12_1234_0' has failed to"
+          " send a keep-alive heartbeat to the rendezvous 'job' due to an error of type RendezvousConnectionError.")
+    p = write("agent.log", hb, hb)
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"] == NOBODY
+    q = write("agent-2.log", "Mar 10 01:33:03 gpu-n11 kernel: Out of memory: Killed process 7815 (python) total-vm:45371652kB, anon-rss:31360488kB", hb)
+    assert diagnose_files([q], ruleset)["outcome"] == "host_oom"
+    r = write("agent-3.log", hb, "step 1201 | loss: 2.113 | lr 3e-4")  # the run went on: a blip it survived
+    assert diagnose_files([r], ruleset)["outcome"] != "node_failure"
+    slow = hb.replace("RendezvousConnectionError", "RendezvousTimeoutError")  # a slow store, not a lost one
+    assert diagnose_files([write("agent-4.log", slow)], ruleset)["outcome"] != "node_failure"
