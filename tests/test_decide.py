@@ -799,3 +799,27 @@ def test_a_lost_rendezvous_heartbeat_is_a_lost_node_unless_a_root_says_more(writ
     assert diagnose_files([r], ruleset)["outcome"] != "node_failure"
     slow = hb.replace("RendezvousConnectionError", "RendezvousTimeoutError")  # a slow store, not a lost one
     assert diagnose_files([write("agent-4.log", slow)], ruleset)["outcome"] != "node_failure"
+
+
+def test_deepspeed_missing_zero_partitions_is_a_checkpoint_fault_unless_the_file_shows_training_after(write, ruleset):
+    warn = ("[2022-09-13 10:01:22,412] [WARNING] [engine.py:2824:_get_all_zero_checkpoints] The following zero "
+            "checkpoints paths are missing: ['/ckpt/global_step500/zero_pp_rank_8_mp_rank_00_optim_states.pt']")
+    d = diagnose_files([write("resume/rank0.log", warn)], ruleset)
+    assert d["outcome"] == "checkpoint" and d["culprit"]["nodes"] == [] and d["culprit"]["ranks"] == []
+    # loaded weights only and trained on: DeepSpeed's fallback, no failure
+    d = diagnose_files([write("finetune/rank0.log", warn, "[rank0]: step 10 | loss: 2.113 | lr 3e-4")], ruleset)
+    assert d["outcome"] == "healthy"
+
+
+def test_pals_report_blames_the_sigkilled_rank_not_the_ones_torn_down_with_sigterm(write, ruleset):
+    d = diagnose_files([write("job/out.log",
+                              "x1000c1s2b0n0-hsn0.hsn.cm.example.gov: rank 12 died from signal 9",
+                              "x1000c1s0b0n0-hsn0.hsn.cm.example.gov: rank  1 died from signal 15")], ruleset)
+    assert d["outcome"] == "unknown"
+    assert d["culprit"]["ranks"] == [12]
+    assert d["culprit"]["nodes"] == ["x1000c1s2b0n0-hsn0.hsn.cm.example.gov"]
+    # only SIGTERM teardown lines: a failure, but nobody to blame
+    d = diagnose_files([write("job2/out.log",
+                              "x1000c1s0b0n0-hsn0.hsn.cm.example.gov: rank 1 died from signal 15",
+                              "x1000c1s1b0n0-hsn0.hsn.cm.example.gov: rank 5 died from signal 15")], ruleset)
+    assert d["outcome"] == "unknown" and d["culprit"]["ranks"] == [] and d["culprit"]["nodes"] == []
