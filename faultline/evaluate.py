@@ -60,8 +60,9 @@ def culprit_matches(truth: str, culprit: dict) -> bool:
         n = node.lower().strip(".")
         if n and (n in text or n.split(".")[0] in text):
             return True
-    # a task is a rank by another name: Slurm's task id is SLURM_PROCID, TF and JAX number processes as tasks
-    ranks = {int(x) for x in re.findall(r"\b(?:rank|task)\s*:?\s*(\d+)", text)}
+    # a task is a rank by another name: Slurm's task id is SLURM_PROCID, TF and JAX number processes as tasks;
+    # torch_npu and HCCL print it as `RankID:3`
+    ranks = {int(x) for x in re.findall(r"\b(?:rank(?:_?id)?|task)\s*:?\s*(\d+)", text)}
     local = {int(x) for x in re.findall(r"\blocal[ _]rank\s*:?\s*(\d+)", text)}
     ranks |= local
     if ranks & set(culprit.get("ranks") or []) or local & set(culprit.get("local_ranks") or []):

@@ -16,6 +16,7 @@ def test_ranks_and_tasks_are_the_same_identity():
     assert culprit_matches("Slurm task 58 on nid002888", cul(ranks=[58]))
     assert not culprit_matches("task 7", cul(ranks=[8]))
     assert not culprit_matches("rank 12", cul(ranks=[1]))
+    assert culprit_matches("Device:3 (RankID 3)", cul(ranks=[3])) and culprit_matches("rank_id: 4", cul(ranks=[4]))
 
 
 def test_a_bare_gpu_index_counts_only_without_a_node():
