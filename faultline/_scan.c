@@ -43,7 +43,7 @@
 #define KEEP 8
 #define F_VER 256u   /* the head of a longer literal ends here (in the state's flags16) */
 
-typedef struct {
+typedef struct Scanner {
     uint32_t *T;       /* transitions, premultiplied by ncls */
     uint16_t *flags;   /* per state */
     int32_t *vhead;    /* per state: the nearest state on its failure chain that owns heads, or -1 */
@@ -222,6 +222,7 @@ static int c10d_possible(const uint8_t *p, const uint8_t *end) {
 }
 
 #define BREAK UINT32_MAX
+#define NPARTS 9  /* part 0: the decoded lines before the data; then up to 8 parts of the data */
 
 /* An automaton state s >= thr was reached at p: BREAK at a line break, else the line's flags into *fp and
  * the state to go on from (the root after a byte that is never part of a literal). `end` bounds the
@@ -334,6 +335,7 @@ static void arena_free(Arena *a) {
 
 typedef struct { const uint8_t *p; uint32_t len, count, ord; uint64_t h; } Entry;
 typedef struct { Py_ssize_t idx; const uint8_t *p; Py_ssize_t len; uint32_t key; } Line;
+typedef struct Pair { Py_ssize_t row; int32_t lit; } Pair;
 
 typedef struct {
     const Scanner *sc;
@@ -350,6 +352,8 @@ typedef struct {
     Py_ssize_t lines, progress, replaced, truncated;
     Arena arena;
     int oom;
+    const struct Scanner *rt;  /* a router (route=True): the candidates' literals come along, or NULL */
+    struct Pair *pairs; Py_ssize_t npair, paircap;  /* (candidate of this part, literal) */
 } Part;
 
 static uint64_t hash_bytes(const uint8_t *p, size_t n) {
@@ -717,11 +721,82 @@ static void run_pair(Part *a, Part *b) {
     if (!a->oom) run_from(b, lb, pb, sb, fb);
 }
 
-typedef struct { Part *a, *b; } Job;
+
+/* The literals of router `sc` in line `row` (p, n), each once (`seen`: per literal, the last row holding
+ * it), appended to *pairs. 0, or -1 out of memory. */
+static int route_line(const Scanner *sc, const uint8_t *p, Py_ssize_t n, Py_ssize_t row, Py_ssize_t *seen,
+                      Pair **pairs, Py_ssize_t *npair, Py_ssize_t *cap) {
+    const uint32_t *T = sc->T;
+    const uint8_t *end = p + n;
+    uint32_t s = 0;
+    for (; p < end; p++) {
+        s = T[s + sc->cls[*p]];
+        if (s < sc->thr) continue;
+        uint32_t st = s / sc->ncls;
+        if (!(sc->flags[st] & F_VER)) { s = 0; continue; }  /* a line break, a byte >= 0x80, ESC */
+        for (int32_t t = sc->vhead[st]; t >= 0; t = sc->vnext[t])
+            for (int32_t v = sc->vstart[t]; v < sc->vstart[t + 1]; v++) {
+                int32_t li = sc->vlit[v], rest = sc->litlen[li] > KEEP ? sc->litlen[li] - KEEP : 0;
+                if (seen[li] == row || end - (p + 1) < rest) continue;
+                const uint8_t *lt = sc->lit[li] + (sc->litlen[li] - rest);
+                int32_t j = 0;
+                while (j < rest && lower(p[1 + j]) == lt[j]) j++;
+                if (j < rest) continue;
+                seen[li] = row;
+                if (*npair == *cap && !grow((void **)pairs, cap, sizeof(Pair))) return -1;
+                (*pairs)[(*npair)++] = (Pair){row, li};
+            }
+    }
+    return 0;
+}
+
+/* The routes of a scanned part's candidates (in its worker thread, after the scan) */
+static void route_part(Part *w) {
+    if (!w->rt || w->oom || !w->ncand) return;
+    Py_ssize_t *seen = malloc(sizeof(Py_ssize_t) * (w->rt->nlit ? w->rt->nlit : 1));
+    if (!seen) { w->oom = 1; return; }
+    for (Py_ssize_t i = 0; i < w->rt->nlit; i++) seen[i] = -1;
+    for (Py_ssize_t j = 0; j < w->ncand; j++)
+        if (route_line(w->rt, w->cand[j].p, w->cand[j].len, j, seen, &w->pairs, &w->npair, &w->paircap) < 0) { w->oom = 1; break; }
+    free(seen);
+}
+
+/* Four parts in one loop, a byte of each per step: four independent chains of table loads in flight
+ * instead of two (the loop is bound by the latency of each load, not by the core's throughput). */
+#define STEP(i)                                                                                   \
+    do {                                                                                          \
+        s##i = T[s##i + cls[*p##i]];                                                              \
+        if (s##i >= thr && (s##i = on_event(sc, l##i, p##i, e##i, s##i, &f##i)) == BREAK) {        \
+            if (!(p##i = line_done(w[i], l##i, p##i, f##i))) return;                              \
+            l##i = p##i; s##i = 0; f##i = 0;                                                      \
+        } else p##i++;                                                                            \
+    } while (0)
+
+static void run_quad(Part **w) {
+    const Scanner *sc = w[0]->sc;
+    const uint32_t *T = sc->T;
+    const uint8_t *cls = sc->cls;
+    const uint8_t *e0 = w[0]->end, *e1 = w[1]->end, *e2 = w[2]->end, *e3 = w[3]->end;
+    const uint8_t *p0 = w[0]->start, *p1 = w[1]->start, *p2 = w[2]->start, *p3 = w[3]->start;
+    const uint8_t *l0 = p0, *l1 = p1, *l2 = p2, *l3 = p3;
+    uint32_t thr = sc->thr, s0 = 0, s1 = 0, s2 = 0, s3 = 0, f0 = 0, f1 = 0, f2 = 0, f3 = 0;
+    while (p0 < e0 && p1 < e1 && p2 < e2 && p3 < e3) { STEP(0); STEP(1); STEP(2); STEP(3); }
+    run_from(w[0], l0, p0, s0, f0);
+    if (!w[0]->oom) run_from(w[1], l1, p1, s1, f1);
+    if (!w[1]->oom) run_from(w[2], l2, p2, s2, f2);
+    if (!w[2]->oom) run_from(w[3], l3, p3, s3, f3);
+}
+#undef STEP
+
+/* A job: `n` consecutive parts of the data (4, 2 or 1), run interleaved */
+typedef struct { Part *w[4]; int n; } Job;
 
 static void *run_job(void *arg) {
     Job *j = arg;
-    if (j->b) run_pair(j->a, j->b); else run_part(j->a);
+    if (j->n == 4) run_quad(j->w);
+    else if (j->n == 2) run_pair(j->w[0], j->w[1]);
+    else for (int i = 0; i < j->n; i++) run_part(j->w[i]);
+    for (int i = 0; i < j->n; i++) route_part(j->w[i]);
     return NULL;
 }
 
@@ -733,7 +808,7 @@ static void settle_progress(Part *w) {
 }
 
 static void part_free(Part *w) {
-    free(w->tab); free(w->cand); free(w->unsure); free(w->loss);
+    free(w->tab); free(w->cand); free(w->unsure); free(w->loss); free(w->pairs);
     arena_free(&w->arena);
 }
 
@@ -741,9 +816,11 @@ static PyObject *str_of(const uint8_t *p, Py_ssize_t n) {
     return PyUnicode_DecodeUTF8((const char *)p, n, "replace");
 }
 
-/* scan(scanner, data, pre, final, max_lines, max_line, limit, marker_head, marker_tail, threads)
+/* scan(scanner, data, pre, final, max_lines, max_line, limit, marker_head, marker_tail, threads, router=None)
  * -> (lines, keys, counts, cand_index, cand_text, cand_key, progress, unsure_index, unsure_text,
- *     replaced, truncated)
+ *     replaced, truncated, route_rows, route_lits)
+ * route_rows, route_lits: with a router, what `route(router, cand_text)` gives, found by each part's worker
+ * thread right after its scan; else None.
  * `pre`: lines already decoded (str) that come before the lines of `data` (bytes-like, ending with a
  * line break unless `final`). Indices count from 0 over pre's lines then data's. */
 static PyObject *scan(PyObject *self, PyObject *args) {
@@ -753,16 +830,19 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t max_lines, max_line, limit;
     const char *th, *tt;
     Py_ssize_t thn, ttn;
-    if (!PyArg_ParseTuple(args, "Oy*O!pnnny#y#i", &cap, &buf, &PyList_Type, &pre, &final, &max_lines, &max_line,
-                          &limit, &th, &thn, &tt, &ttn, &threads)) return NULL;
+    PyObject *rtcap = Py_None;
+    if (!PyArg_ParseTuple(args, "Oy*O!pnnny#y#i|O", &cap, &buf, &PyList_Type, &pre, &final, &max_lines, &max_line,
+                          &limit, &th, &thn, &tt, &ttn, &threads, &rtcap)) return NULL;
     Scanner *sc = PyCapsule_GetPointer(cap, "faultline._scan.Scanner");
     if (!sc) { PyBuffer_Release(&buf); return NULL; }
-    Part parts[5];  /* the decoded lines before the data, then the data's parts */
+    const Scanner *rt = NULL;
+    if (rtcap != Py_None && !(rt = PyCapsule_GetPointer(rtcap, "faultline._scan.Scanner"))) { PyBuffer_Release(&buf); return NULL; }
+    Part parts[NPARTS];  /* the decoded lines before the data, then the data's parts */
     memset(parts, 0, sizeof parts);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < NPARTS; i++) {
         parts[i].sc = sc; parts[i].max_line = max_line; parts[i].limit = limit;
         parts[i].th = (const uint8_t *)th; parts[i].thn = thn; parts[i].tt = (const uint8_t *)tt; parts[i].ttn = ttn;
-        parts[i].progress = -1; parts[i].max_lines = -1;
+        parts[i].progress = -1; parts[i].max_lines = -1; parts[i].rt = rt;
     }
     PyObject *result = NULL;
     /* part 0: the already decoded lines */
@@ -778,16 +858,18 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             || ((max_lines < 0 || w0->lines < max_lines) && add_line(w0, s, n, f) < 0)) { PyErr_NoMemory(); goto done; }
     }
     const uint8_t *d = buf.buf, *de = d + buf.len;
-    /* The data in up to 4 parts cut at line breaks (two threads, two interleaved parts each), unless the
-     * line limit can end it: a part cannot know how many lines the parts before it hold (it can end the
-     * data only if it is below the data's bytes, each line but a last one holding a break byte). */
+    /* The data in up to 8 parts cut at line breaks (two threads, four interleaved parts each; two or one
+     * each for smaller data), unless the line limit can end it: a part cannot know how many lines the
+     * parts before it hold (it can end the data only if it is below the data's bytes, each line but a last
+     * one holding a break byte). */
     Py_ssize_t left = max_lines < 0 ? -1 : (max_lines > w0->lines ? max_lines - w0->lines : 0);
     int unlimited = left < 0 || left >= buf.len;
     int nth = (threads > 1 && unlimited && buf.len > (1 << 20)) ? 2 : 1;
-    int per = (unlimited && buf.len / nth > (64 << 10)) ? 2 : 1, want = nth * per, np = 1;
+    int per = !unlimited ? 1 : buf.len / nth > (256 << 10) ? 4 : buf.len / nth > (64 << 10) ? 2 : 1;
+    int want = nth * per, np = 1;
     Part *dp = parts + 1;
     dp[0].start = d;
-    for (int i = 0; i < 4; i++) dp[i].base = d;
+    for (int i = 0; i < NPARTS - 1; i++) dp[i].base = d;
     if (!unlimited) dp[0].max_lines = left;
     for (int i = 1; i < want; i++) {
         const uint8_t *m = d + buf.len / want * i;
@@ -800,13 +882,17 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     dp[np - 1].end = de;
     dp[np - 1].final = final;
-    Job jobs[2] = {{&dp[0], NULL}, {NULL, NULL}};
-    int njobs = 1;
-    if (np == want && per == 2) { jobs[0].b = &dp[1]; if (nth == 2) { jobs[1].a = &dp[2]; jobs[1].b = &dp[3]; njobs = 2; } }
-    else if (np == want && nth == 2) { jobs[1].a = &dp[1]; njobs = 2; }
+    Job jobs[2];
+    memset(jobs, 0, sizeof jobs);
+    int njobs;
+    if (np == want) {  /* thread j runs parts j * per .. j * per + per - 1 */
+        njobs = nth;
+        for (int j = 0; j < nth; j++) { jobs[j].n = per; for (int i = 0; i < per; i++) jobs[j].w[i] = &dp[j * per + i]; }
+    }
     else njobs = 0;  /* a few long lines: fewer parts than wanted, one after the other */
     Py_BEGIN_ALLOW_THREADS
-    if (njobs == 0) for (int i = 0; i < np; i++) run_part(&dp[i]);
+    route_part(w0);
+    if (njobs == 0) for (int i = 0; i < np; i++) { run_part(&dp[i]); route_part(&dp[i]); }
     else {
         pthread_t t;
         int started = njobs == 2 && pthread_create(&t, NULL, run_job, &jobs[1]) == 0;
@@ -814,15 +900,18 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         if (njobs == 2) { if (started) pthread_join(t, NULL); else run_job(&jobs[1]); }
     }
     Py_END_ALLOW_THREADS
-    for (int i = 0; i < np; i++) if (dp[i].oom) { PyErr_NoMemory(); goto done; }
+    for (int i = 0; i < NPARTS; i++) if (parts[i].oom) { PyErr_NoMemory(); goto done; }
     /* Python objects, parts in order */
-    Py_ssize_t nkeys = 0, ncand = 0, nuns = 0, lines = 0, progress = -1, replaced = 0, truncated = 0;
-    for (int i = 0; i < 5; i++) { nkeys += parts[i].used; ncand += parts[i].ncand; nuns += parts[i].nunsure; }
+    Py_ssize_t nkeys = 0, ncand = 0, nuns = 0, npair = 0, lines = 0, progress = -1, replaced = 0, truncated = 0;
+    for (int i = 0; i < NPARTS; i++) {
+        nkeys += parts[i].used; ncand += parts[i].ncand; nuns += parts[i].nunsure; npair += parts[i].npair;
+    }
     PyObject *keys = PyList_New(nkeys), *counts = PyList_New(nkeys), *ci = PyList_New(ncand), *ct = PyList_New(ncand),
              *ck = PyList_New(ncand), *ui = PyList_New(nuns), *ut = PyList_New(nuns);
-    if (!keys || !counts || !ci || !ct || !ck || !ui || !ut) goto fail;
-    Py_ssize_t kbase = 0, cc = 0, uc = 0;
-    for (int i = 0; i < 5; i++) {
+    PyObject *rr = rt ? PyList_New(npair) : Py_NewRef(Py_None), *rl = rt ? PyList_New(npair) : Py_NewRef(Py_None);
+    if (!keys || !counts || !ci || !ct || !ck || !ui || !ut || !rr || !rl) goto fail;
+    Py_ssize_t kbase = 0, cc = 0, uc = 0, pc = 0;
+    for (int i = 0; i < NPARTS; i++) {
         Part *w = &parts[i];
         for (uint32_t j = 0; j < w->cap; j++) {
             Entry *e = &w->tab[j];
@@ -830,6 +919,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             PyObject *k = str_of(e->p, e->len), *c = PyLong_FromUnsignedLong(e->count);
             if (!k || !c) { Py_XDECREF(k); Py_XDECREF(c); goto fail; }
             PyList_SET_ITEM(keys, kbase + e->ord, k); PyList_SET_ITEM(counts, kbase + e->ord, c);
+        }
+        for (Py_ssize_t j = 0; j < w->npair; j++) {  /* rows: candidates of the parts before, then this one's */
+            PyObject *x = PyLong_FromSsize_t(cc + w->pairs[j].row), *y = PyLong_FromLong(w->pairs[j].lit);
+            if (!x || !y) { Py_XDECREF(x); Py_XDECREF(y); goto fail; }
+            PyList_SET_ITEM(rr, pc, x); PyList_SET_ITEM(rl, pc, y); pc++;
         }
         for (Py_ssize_t j = 0; j < w->ncand; j++) {
             Line *l = &w->cand[j];
@@ -849,12 +943,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         kbase += w->used;
         lines += w->lines; replaced += w->replaced; truncated += w->truncated;
     }
-    result = Py_BuildValue("nNNNNNnNNnn", lines, keys, counts, ci, ct, ck, progress, ui, ut, replaced, truncated);
+    result = Py_BuildValue("nNNNNNnNNnnNN", lines, keys, counts, ci, ct, ck, progress, ui, ut, replaced, truncated, rr, rl);
     goto done;
 fail:
     Py_XDECREF(keys); Py_XDECREF(counts); Py_XDECREF(ci); Py_XDECREF(ct); Py_XDECREF(ck); Py_XDECREF(ui); Py_XDECREF(ut);
+    Py_XDECREF(rr); Py_XDECREF(rl);
 done:
-    for (int i = 0; i < 5; i++) part_free(&parts[i]);
+    for (int i = 0; i < NPARTS; i++) part_free(&parts[i]);
     PyBuffer_Release(&buf);
     return result;
 }
@@ -865,7 +960,6 @@ done:
  * route=True. What rules.extract._routes asked Polars' extract_many(overlapping=True) for: the candidate
  * lines' rules, from one automaton pass in C instead of a second Aho-Corasick pass in Polars. The pass runs
  * without the GIL (the native reader routes a piece's candidates in its thread). */
-typedef struct { Py_ssize_t row; int32_t lit; } Pair;
 
 static PyObject *route(PyObject *self, PyObject *args) {
     PyObject *cap, *lines;
@@ -887,29 +981,8 @@ static PyObject *route(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < sc->nlit; i++) seen[i] = -1;
     Py_BEGIN_ALLOW_THREADS
-    const uint32_t *T = sc->T;
-    for (Py_ssize_t i = 0; i < n && !oom; i++) {
-        const uint8_t *p = text[i], *end = p + tlen[i];
-        uint32_t s = 0;
-        for (; p < end && !oom; p++) {
-            s = T[s + sc->cls[*p]];
-            if (s < sc->thr) continue;
-            uint32_t st = s / sc->ncls;
-            if (!(sc->flags[st] & F_VER)) { s = 0; continue; }  /* a line break, a byte >= 0x80, ESC */
-            for (int32_t t = sc->vhead[st]; t >= 0; t = sc->vnext[t])
-                for (int32_t v = sc->vstart[t]; v < sc->vstart[t + 1]; v++) {
-                    int32_t li = sc->vlit[v], rest = sc->litlen[li] > KEEP ? sc->litlen[li] - KEEP : 0;
-                    if (seen[li] == i || end - (p + 1) < rest) continue;
-                    const uint8_t *lt = sc->lit[li] + (sc->litlen[li] - rest);
-                    int32_t j = 0;
-                    while (j < rest && lower(p[1 + j]) == lt[j]) j++;
-                    if (j < rest) continue;
-                    seen[li] = i;
-                    if (npair == cap_pairs && !grow((void **)&pairs, &cap_pairs, sizeof(Pair))) { oom = 1; break; }
-                    pairs[npair++] = (Pair){i, li};
-                }
-        }
-    }
+    for (Py_ssize_t i = 0; i < n && !oom; i++)
+        if (route_line(sc, text[i], tlen[i], i, seen, &pairs, &npair, &cap_pairs) < 0) oom = 1;
     Py_END_ALLOW_THREADS
     if (oom) { PyErr_NoMemory(); goto done; }
     rows = PyList_New(npair); hits = PyList_New(npair);

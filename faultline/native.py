@@ -49,7 +49,7 @@ class Digest(NamedTuple):
     replaced: int            # U+FFFD in the decoded text (invalid bytes replaced, or there already)
     truncated: int           # lines cut at max_line characters
     route_rows: list[int] | None = None  # (candidate, literal) pairs: the rule literals each candidate holds
-    route_lits: list[int] | None = None  # (set by Reader with a router; literals numbered by route_literals)
+    route_lits: list[int] | None = None  # (with a router: found by the scan; literals numbered by route_literals)
 
 
 def available() -> bool:
@@ -81,13 +81,14 @@ def route(rt, lines: list[str]) -> tuple[list[int], list[int]]:
 
 
 def scan(sc, pre: list[str], data: bytes, max_line: int, limit: int, max_lines: int | None = None,
-         threads: int = 2) -> Digest:
+         threads: int = 2, rt=None) -> Digest:
     """The lines of one piece (collectors.files.pieces): `pre`, already decoded, then those of `data`.
     Only the first `max_lines` are counted and matched; all are decoded and cut (their replaced and
     truncated counts are those of the whole piece, as in the Polars path). A line longer than `limit`
-    characters is cut to `max_line` characters and the marker."""
+    characters is cut to `max_line` characters and the marker. With a router `rt`, the digest's
+    route_rows/route_lits are `route(rt, cand_text)`, found by the scan's threads as each part ends."""
     return Digest(*_scan.scan(sc, data, pre, False, -1 if max_lines is None else max_lines, max_line, limit,
-                              _MARK_HEAD, _MARK_TAIL, threads))
+                              _MARK_HEAD, _MARK_TAIL, threads, rt))
 
 
 AHEAD = 8  # pieces scanned ahead of their consumer at most (a piece's digest: its candidate lines as str)
@@ -121,9 +122,9 @@ class Reader:
         try:
             with closing(filecol.pieces(path, self._own, block_bytes, max_line, max_bytes=max_bytes)) as it:
                 for pre, data in it:
-                    d = scan(sc, pre, data, max_line, limit, max_lines=left)
-                    if rt is not None and d.cand_text:  # here, not in extract: this thread runs ahead
-                        d = d._replace(**dict(zip(("route_rows", "route_lits"), route(rt, d.cand_text))))
+                    # routed here, not in extract: this thread runs ahead (and the routes of each part of the
+                    # piece are found by the thread that scanned it)
+                    d = scan(sc, pre, data, max_line, limit, max_lines=left, rt=rt)
                     left -= d.lines
                     if not self._put("piece", d) or left == 0:
                         self._put("cut" if left == 0 else "stop", None)

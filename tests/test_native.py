@@ -299,3 +299,25 @@ def test_native_routes_are_the_polars_routes(ruleset, monkeypatch):
     monkeypatch.setattr(native, "router", lambda literals: None)
     polars_routes = extract._routes(text, ruleset.log_rules)
     assert native_routes.height > 3000 and native_routes.equals(polars_routes)
+
+
+@pytest.mark.skipif(not native.available(), reason="the native scanner is not built")
+def test_the_scans_routes_are_route_of_its_candidates(ruleset):
+    """The scan routes each part's candidates in the thread that scanned it: the pairs are `route` of the
+    digest's candidate lines, rows counted over the parts before (1, 2, 4 and 8 parts, decoded lines first)."""
+    from faultline.rules.literals import route_literals
+
+    rnd = random.Random(17)
+    literals = prefilter_literals(ruleset)
+    sc, rt = native.scanner(tuple(literals)), native.router(tuple(route_literals(ruleset.log_rules)[0]))
+    data = b"\n".join(_random_file(rnd, literals) for _ in range(900))
+    data = data[:data.rfind(b"\n") + 1]
+    assert len(data) > 2 << 20
+    pre = ["NCCL WARN first", "nothing", "Xid 79 fell off the bus"]
+    for size, threads in ((50 << 10, 2), (200 << 10, 1), (900 << 10, 1), (len(data), 2)):
+        piece = data[:data.rfind(b"\n", 0, size) + 1]
+        d = native.scan(sc, pre, piece, 1 << 16, (1 << 16) + 80, threads=threads, rt=rt)
+        plain = native.scan(sc, pre, piece, 1 << 16, (1 << 16) + 80, threads=threads)
+        assert len(d.cand_text) > 100 and plain.route_rows is None
+        assert (d.route_rows, d.route_lits) == native.route(rt, d.cand_text), (size, threads)
+        assert d._replace(route_rows=None, route_lits=None) == plain

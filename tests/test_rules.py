@@ -229,3 +229,34 @@ def test_ruleset_cache_is_keyed_by_the_pack_content(tmp_path, monkeypatch):
     # a cache that cannot be written is not used, and nothing fails
     monkeypatch.setenv("FAULTLINE_CACHE_DIR", "/proc/no-such-place")
     assert load_ruleset([pack], builtin=False).version == changed.version
+
+
+def test_a_cached_ruleset_carries_its_prefilter_literals(tmp_path, monkeypatch):
+    """The loader computes the minimal literals before it caches a ruleset: read from the cache they are
+    there already (not recomputed at every start) and the same as computed anew."""
+    import shutil
+
+    from faultline.rules import literals
+    from faultline.rules.loader import load_ruleset
+
+    monkeypatch.setenv("FAULTLINE_CACHE_DIR", str(tmp_path / "cache"))
+    pack = tmp_path / "ops"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "faultline/rules/packs/generic", pack)
+    load_ruleset([pack], builtin=False)
+    cached = load_ruleset([pack], builtin=False)
+    assert "minimal_literals" in cached.__dict__
+    anew = literals._minimal_literals.__wrapped__(tuple(sorted({lit for r in cached.log_rules for lit in r.log.literals})))
+    assert literals.prefilter_literals(cached) == list(anew) and len(anew) > 5
+
+
+def test_torchs_activation_checkpoint_warning_is_not_a_candidate(ruleset):
+    """torch/utils/checkpoint.py warns on every rank and step of an activation-checkpointed run; the
+    checkpoint-frames rule wants MMCV's runner/checkpoint.py, so a bare "checkpoint.py" literal made these
+    lines most of a big log's candidates (bench/README.md, bigfile, sixth round)."""
+    from faultline.rules.literals import prefilter_literals
+
+    line = ("[rank3]: /opt/conda/lib/python3.11/site-packages/torch/utils/checkpoint.py:91: UserWarning: None of "
+            "the inputs have requires_grad=True. Gradients will be None").lower()
+    assert not [lit for lit in prefilter_literals(ruleset) if lit.lower() in line]
+    mm = '  File "/usr/lib/python3/site-packages/mmengine/runner/checkpoint.py", line 5, in load_checkpoint'.lower()
+    assert [lit for lit in prefilter_literals(ruleset) if lit.lower() in mm]

@@ -14,7 +14,7 @@ def prefilter_literals(ruleset: Ruleset) -> list[str]:
     A line holding "nccl warn" holds "nccl" too, so the longer literal adds nothing to "contains
     any" and only slows the scan.
     """
-    return list(_minimal_literals(tuple(sorted({lit for r in ruleset.log_rules for lit in r.log.literals}))))
+    return list(ruleset.minimal_literals)
 
 
 @lru_cache(maxsize=32)

@@ -7,6 +7,7 @@ Problems are collected with file and line so an operator can fix them in one pas
 from __future__ import annotations
 
 import csv
+import gc
 import hashlib
 import os
 import pickle
@@ -401,6 +402,9 @@ def load_ruleset(extra: list[Path] | None = None, builtin: bool = True) -> Rules
     dirs = discover_packs(extra, builtin)
     cache = _cache_file(dirs)
     if cache is not None:
+        # the collector would run a few times over the ~100 k objects being made, none of them garbage
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             with cache.open("rb") as fh:
                 cached = pickle.load(fh)  # noqa: S301 - written by this code, keyed by its own content
@@ -408,8 +412,12 @@ def load_ruleset(extra: list[Path] | None = None, builtin: bool = True) -> Rules
                 return cached
         except (OSError, EOFError, pickle.PickleError, AttributeError, ImportError, TypeError, ValueError):
             pass
+        finally:
+            if collecting:
+                gc.enable()
     ruleset = _load_ruleset(dirs)
     if cache is not None:
+        ruleset.minimal_literals  # noqa: B018 - computed now, so that the cached ruleset carries them
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
