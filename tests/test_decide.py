@@ -823,3 +823,15 @@ def test_pals_report_blames_the_sigkilled_rank_not_the_ones_torn_down_with_sigte
                               "x1000c1s0b0n0-hsn0.hsn.cm.example.gov: rank 1 died from signal 15",
                               "x1000c1s1b0n0-hsn0.hsn.cm.example.gov: rank 5 died from signal 15")], ruleset)
     assert d["outcome"] == "unknown" and d["culprit"]["ranks"] == [] and d["culprit"]["nodes"] == []
+
+
+def test_a_store_connect_retry_followed_by_training_is_recovered(write, ruleset):
+    # torchrun's start-up warning (IPv6 localhost tried first) is retried by c10d; steps after it say the
+    # connection was made. Without progress after it, the same line stays a rendezvous problem.
+    warn = ("[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500 "
+            "(errno: 99 - Cannot assign requested address).")
+    p = write("train.log", warn, "{'loss': 2.3145, 'grad_norm': 1.25, 'learning_rate': 2e-05, 'epoch': 0.1}",
+              "{'loss': 1.9876, 'grad_norm': 1.01, 'learning_rate': 1.9e-05, 'epoch': 0.2}")
+    assert diagnose_files([p], ruleset)["outcome"] == "healthy"
+    q = write("train2.log", warn)
+    assert diagnose_files([q], ruleset)["outcome"] == "network_socket_rendezvous"
