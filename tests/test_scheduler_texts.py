@@ -1,5 +1,7 @@
 """Scheduler and orchestrator end-of-job texts across rules: which one decides, and who is blamed."""
 
+import pytest
+
 from faultline.pipeline import diagnose_files
 
 
@@ -21,32 +23,42 @@ def test_k8s_oomkilled_still_decides_over_the_exit_code(tmp_path, write, ruleset
     assert diagnose_files([tmp_path], ruleset)["outcome"] == "host_oom"
 
 
-def test_srun_prolog_failure_blames_the_named_node_not_the_printer(tmp_path, write, ruleset):
-    write("gpu001/slurm-88.out", "step 10 loss 2.1",
-          "srun: error: Task launch for StepId=88.0 failed on node gpu007: Job prolog failed",
-          "srun: error: Application launch failed: Job prolog failed")
+# (file, lines, outcome, culprit nodes): which line decides, and whom it names
+LAUNCH_TEXTS = {
+    "srun prolog failure blames the named node, not the printer": (
+        "gpu001/slurm-88.out",
+        ["step 10 loss 2.1", "srun: error: Task launch for StepId=88.0 failed on node gpu007: Job prolog failed",
+         "srun: error: Application launch failed: Job prolog failed"],
+        "node_failure", ["gpu007"]),
+    "flux node failure names the lost host": (
+        "flux-job.err",
+        ["step 100 loss 2.1",
+         "88.204s: job.exception f2Ssd5N3 type=node-failure severity=0 node failure on gpu-n12 (shell rank 3)",
+         "flux-job: task(s) exited with exit code 1"],
+        "node_failure", ["gpu-n12"]),
+    "flux first task exit defers to the python error": (
+        "flux-job.err",
+        ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>', "KeyError: 'lr'",
+         "flux-shell[0]: FATAL: doom: python: task rank 5 on host gpu-n17 exited (Exit 1) and "
+         "exit-timeout=30s has expired"],
+        "user_code_error", []),
+    "k8s admission failure for lost GPUs blames the described pod's node": (
+        "describe.txt",
+        ["Name:         trainer-worker-3", "Node:         gpu-node-7/10.0.0.7", "Status:       Failed",
+         "Reason:       UnexpectedAdmissionError",
+         "Message:      Pod Allocate failed due to requested number of devices unavailable for nvidia.com/gpu. "
+         "Requested: 8, Available: 7, which is unexpected"],
+        "node_failure", ["gpu-node-7"]),
+}
+
+
+@pytest.mark.parametrize("name", LAUNCH_TEXTS)
+def test_launcher_end_of_job_texts(name, tmp_path, write, ruleset):
+    path, lines, outcome, nodes = LAUNCH_TEXTS[name]
+    write(path, *lines)
     d = diagnose_files([tmp_path], ruleset)
-    assert d["outcome"] == "node_failure", d
-    assert d["culprit"]["nodes"] == ["gpu007"]
-
-
-def test_flux_node_failure_names_the_lost_host(tmp_path, write, ruleset):
-    write("flux-job.err", "step 100 loss 2.1",
-          "88.204s: job.exception f2Ssd5N3 type=node-failure severity=0 node failure on gpu-n12 (shell rank 3)",
-          "flux-job: task(s) exited with exit code 1")
-    d = diagnose_files([tmp_path], ruleset)
-    assert d["outcome"] == "node_failure", d
-    assert d["culprit"]["nodes"] == ["gpu-n12"]
-
-
-def test_flux_first_task_exit_defers_to_the_python_error(tmp_path, write, ruleset):
-    write("flux-job.err", "Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
-          "KeyError: 'lr'",
-          "flux-shell[0]: FATAL: doom: python: task rank 5 on host gpu-n17 exited (Exit 1) and "
-          "exit-timeout=30s has expired")
-    d = diagnose_files([tmp_path], ruleset)
-    assert d["outcome"] == "user_code_error", d
-    assert d["culprit"]["nodes"] == []
+    assert d["outcome"] == outcome, d
+    assert d["culprit"]["nodes"] == nodes
 
 
 def test_htcondor_eviction_is_preemption_and_reconnect_failure_names_the_node(tmp_path, write, ruleset):
@@ -59,16 +71,6 @@ def test_htcondor_eviction_is_preemption_and_reconnect_failure_names_the_node(tm
     d = diagnose_files([tmp_path / "b"], ruleset)
     assert d["outcome"] == "node_failure", d
     assert d["culprit"]["nodes"] == ["gpu-n7"]
-
-
-def test_k8s_admission_failure_for_lost_gpus_blames_the_describe_node(tmp_path, write, ruleset):
-    write("describe.txt", "Name:         trainer-worker-3", "Node:         gpu-node-7/10.0.0.7",
-          "Status:       Failed", "Reason:       UnexpectedAdmissionError",
-          "Message:      Pod Allocate failed due to requested number of devices unavailable for nvidia.com/gpu. "
-          "Requested: 8, Available: 7, which is unexpected")
-    d = diagnose_files([tmp_path], ruleset)
-    assert d["outcome"] == "node_failure", d
-    assert d["culprit"]["nodes"] == ["gpu-node-7"]
 
 
 def test_k8s_runtime_and_cni_errors_in_describe_take_the_pods_node(tmp_path, write, ruleset):
