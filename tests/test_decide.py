@@ -584,6 +584,22 @@ def test_torchruns_first_failure_names_the_worker_when_the_cause_names_nobody(wr
     assert diagnose_files([write("d/train.log", *cause, *old)], ruleset)["culprit"]["ranks"] == [4]
 
 
+def test_paddles_aborted_trainer_names_the_rank_and_is_no_health(write, ruleset):
+    launch = ["INFO 2021-05-24 17:17:14,611 launch_utils.py:307] terminate all the procs",
+              "ERROR 2021-05-24 17:17:14,611 launch_utils.py:545] ABORT!!! Out of all 4 trainers, the trainer "
+              "process with rank=[{}] was aborted. Please check its log."]
+    # the console alone (the trainer's error is in its workerlog): a failure, cause unknown, by rank
+    d = diagnose_files([write("p1/console.log", launch[0], launch[1].format(3))], ruleset)
+    assert d["outcome"] == "unknown" and d["culprit"] == {**NOBODY, "ranks": [3]}
+    # with the cause in the same log, the cause decides and the launcher names its rank
+    cause = ["Traceback (most recent call last):", "KeyError: 'image'"]
+    d = diagnose_files([write("p2/console.log", *cause, launch[0], launch[1].format(1))], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"]["ranks"] == [1]
+    # two trainers at one poll name nobody
+    d = diagnose_files([write("p3/console.log", *cause, launch[0], launch[1].format("1, 2"))], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"] == NOBODY
+
+
 def test_mp_spawns_first_dead_process_names_its_local_rank(write, ruleset):
     spawn = ["Traceback (most recent call last):", "torch.multiprocessing.spawn.ProcessRaisedException: ", "",
              "-- Process 1 terminated with the following error:", "Traceback (most recent call last):",

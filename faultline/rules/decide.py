@@ -32,9 +32,11 @@ class DecideConfig:
     max_world: int = MAX_WORLD  # ranks a job can have; larger printed world sizes are not believed
     # launcher lines naming the first process to fail: its rank (else its local rank) when the deciding
     # lines name nobody. mpirun's `Process name:` row; torchrun's agent line `failed (exitcode: 1)
-    # local_rank: 3` (the earliest failure of its node) and its summary's `Root Cause` entry. Only rows
+    # local_rank: 3` (the earliest failure of its node) and its summary's `Root Cause` entry; Paddle's
+    # `trainer process with rank=[3] was aborted`. Only rows
     # that blame their worker count: a SIGTERM/SIGABRT exit or an entry under `Failures:` does not.
-    first_failure_symptoms: tuple[str, ...] = ("mpi_process_named", "torchrun_child_failed", "torchrun_failure_rank")
+    first_failure_symptoms: tuple[str, ...] = ("mpi_process_named", "torchrun_child_failed", "torchrun_failure_rank",
+                                               "paddle_trainer_aborted")
     # srun's `HOST: task N: Exited with exit code RC`: the node whose tasks exited on their own (the others
     # were signalled by srun's teardown), when exactly one node did
     first_failure_node_symptoms: tuple[str, ...] = ("slurm_task_exit_code",)
