@@ -872,3 +872,11 @@ def test_a_store_connect_retry_followed_by_training_is_recovered(write, ruleset)
     q = write("train2.log", warn)
     assert diagnose_files([q], ruleset)["outcome"] == "network_socket_rendezvous"
 
+
+def test_a_checkpoint_write_that_failed_is_storage_only_when_a_line_says_the_storage_failed(write, ruleset):
+    save = "[rank0]: RuntimeError: [enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/5: file write failed"
+    d = diagnose_files([write("job/train.log", save)], ruleset)
+    assert d["outcome"] == "checkpoint" and d["culprit"]["nodes"] == []
+    full = "tee: /scratch/run7/logs/train.log: No space left on device"
+    d = diagnose_files([write("job2/train.log", save, full)], ruleset)
+    assert d["outcome"] == "storage_io" and not d["ambiguous"]
