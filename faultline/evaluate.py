@@ -61,9 +61,9 @@ def culprit_matches(truth: str, culprit: dict) -> bool:
         if n and (n in text or n.split(".")[0] in text):
             return True
     # a task is a rank by another name: Slurm's task id is SLURM_PROCID, TF and JAX number processes as tasks;
-    # torch_npu and HCCL print it as `RankID:3`
-    ranks = {int(x) for x in re.findall(r"\b(?:rank(?:_?id)?|task)\s*:?\s*(\d+)", text)}
-    local = {int(x) for x in re.findall(r"\blocal[ _]rank\s*:?\s*(\d+)", text)}
+    # torch_npu and HCCL print it as `RankID:3`; a truth quoting a line's `rank=0` means the same
+    ranks = {int(x) for x in re.findall(r"\b(?:rank(?:_?id)?|task)\s*[:=]?\s*(\d+)", text)}
+    local = {int(x) for x in re.findall(r"\blocal[ _]rank\s*[:=]?\s*(\d+)", text)}
     ranks |= local
     if ranks & set(culprit.get("ranks") or []) or local & set(culprit.get("local_ranks") or []):
         return True

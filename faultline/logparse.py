@@ -14,6 +14,7 @@ Prefixes understood (they may be stacked, e.g. `0: [default0]:[rank0]:[E321 ...]
   slurmstepd             `slurmstepd-gpu-3: error: ...`            -> node
   torch_xla xla_dist     `2020-10-22 02:48:58 10.128.0.33 [3] ...` -> node (the TPU client VM's IP)
   Open MPI --tag-output  `[1,5]<stderr>:`               -> rank
+  horovodrun (gloo)      `[5]<stderr>:`                 -> rank
   Ray                    `(Worker pid=4471, ip=10.0.5.12)` -> node (its IP)
   kubectl --prefix       `[pod/name/container] `        -> node (the pod's hostname)
   syslog / journal       `Jun  9 11:49:36 host kernel:` / `2024-06-09T11:49:36+0000 host kernel:`
@@ -55,6 +56,10 @@ _TORCHRUN_LOCAL = r"\[(?:default|trainer|worker)(\d{1,4})\]:"
 _C10D_RANK = r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d{1,6})\]"
 _NCCL = r"(?:^|[\s:\]])([A-Za-z0-9.\-_]*[A-Za-z0-9]):\d+:\d+ \[(\d{1,2})\] "
 _MPI_TAG = r"^\[\d+,(\d+)\]<std(?:out|err)>:"
+# horovodrun's gloo launcher prefixes each worker's lines `{time}[{index}]<{stdout|stderr}>:` with index =
+# slot_info.rank (horovod/runner/gloo_run.py, util/safe_shell_exec.py prefix_connection); the optional time
+# is `%a %b %d %H:%M:%S %Y` (--prefix-output-with-timestamp).
+_HVD_TAG = r"^(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}\s?)?\[(\d{1,6})\]<std(?:out|err)>:"
 # UCX (ucs/debug/log.c): `[1712345678.123456] [host:pid:thread]`, the pid space-padded (`%-5d`), the
 # thread a number or a name; older releases `[host:pid:idx:tid]`. Open MPI's opal/orte messages and
 # backtraces: `[host:pid] *** Process received signal ***`, the same `[host:N]` shape from wrappers. The
@@ -150,6 +155,7 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None,
         line.str.extract(_TORCHRUN_RANK),
         line.str.extract(_C10D_RANK),
         line.str.extract(_MPI_TAG),
+        line.str.extract(_HVD_TAG),
         pl.lit(None if file_rank is None else str(file_rank), dtype=pl.String),
     ).cast(pl.Int32, strict=False)
     return {"node": node, "rank": rank}
@@ -168,7 +174,8 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None,
 #   lies wholly inside the prefix: node settled. Without one, the line's NCCL match needs ` [`: a line
 #   without ` [` has no node;
 # - a `[rankN]:` tag in the prefix is the line's leftmost torchrun rank, which comes first: rank settled.
-#   Without one, a line holding neither `[rank` nor `Rank ` has no torchrun or c10d rank, and no MPI tag.
+#   Without one, a line holding neither `[rank` nor `Rank ` has no torchrun or c10d rank, and no MPI or
+#   horovodrun tag (both anchored at the line's start, where the prefix's tag stands).
 _SPOKE_PREFIX = (r"^(?:\[(?:default|trainer|worker)\d{1,4}\]:|\[rank\d{1,6}\]:)*"
                  r"(?:[A-Za-z0-9.\-_]*[A-Za-z0-9]:\d+:\d+ \[\d{1,2}\] )?")
 

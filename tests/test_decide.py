@@ -452,6 +452,26 @@ def test_the_one_rank_in_another_collective_at_the_same_seqnum_is_out_of_step(wr
     assert diagnose_files([write("job3/train.log", *lines)], ruleset)["culprit"]["ranks"] == []
 
 
+def test_the_one_rank_past_the_collective_the_others_wait_in_is_out_of_step(write, ruleset):
+    wd = ("[rank{r}]:[E0307 10:00:00.1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
+          "timeout: WorkNCCL(SeqNum={s}, OpType={op}, NumelIn=64, NumelOut=64, Timeout(ms)=600000) ran for "
+          "600042 milliseconds before timing out.")
+    # ranks 1 and 2 wait in BROADCAST 700; rank 0 is already in an _ALLGATHER_BASE at 702: it left them,
+    # they are not behind it (the two in step are not the laggards)
+    lines = [wd.format(r=0, s=702, op="_ALLGATHER_BASE")] + [wd.format(r=r, s=700, op="BROADCAST") for r in (1, 2)]
+    d = diagnose_files([write("job/train.log", *lines)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and not d["ambiguous"]
+    assert d["culprit"]["ranks"] == [0] and d["confidence"] == "medium"
+    assert "past the collective the others wait in" in d["confidence_reason"]
+    assert sorted(d["affected"]["ranks"]) == [1, 2]
+    # the same op further on is no other code path: two behind one names nobody
+    same = [wd.format(r=0, s=702, op="BROADCAST")] + [wd.format(r=r, s=700, op="BROADCAST") for r in (1, 2)]
+    assert diagnose_files([write("job2/train.log", *same)], ruleset)["culprit"]["ranks"] == []
+    # one against one says nothing about which side left: the one behind is still named (the laggard)
+    pair = [wd.format(r=0, s=702, op="_ALLGATHER_BASE"), wd.format(r=1, s=700, op="BROADCAST")]
+    assert diagnose_files([write("job3/train.log", *pair)], ruleset)["culprit"]["ranks"] == [1]
+
+
 def test_the_rank_that_never_enqueued_the_collective_the_others_wait_in_is_behind(write, ruleset):
     pr = ("[rank{r}]:[E1003 18:37:01.833621509 ProcessGroupNCCL.cpp:1709] [PG 0 (default_pg) Rank {r}] Timeout at "
           "NCCL work: 6463, last enqueued NCCL work: {e}, last completed NCCL work: 6462.")
@@ -851,3 +871,12 @@ def test_a_store_connect_retry_followed_by_training_is_recovered(write, ruleset)
     assert diagnose_files([p], ruleset)["outcome"] == "healthy"
     q = write("train2.log", warn)
     assert diagnose_files([q], ruleset)["outcome"] == "network_socket_rendezvous"
+
+
+def test_a_checkpoint_write_that_failed_is_storage_only_when_a_line_says_the_storage_failed(write, ruleset):
+    save = "[rank0]: RuntimeError: [enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/5: file write failed"
+    d = diagnose_files([write("job/train.log", save)], ruleset)
+    assert d["outcome"] == "checkpoint" and d["culprit"]["nodes"] == []
+    full = "tee: /scratch/run7/logs/train.log: No space left on device"
+    d = diagnose_files([write("job2/train.log", save, full)], ruleset)
+    assert d["outcome"] == "storage_io" and not d["ambiguous"]

@@ -17,6 +17,8 @@ def test_ranks_and_tasks_are_the_same_identity():
     assert not culprit_matches("task 7", cul(ranks=[8]))
     assert not culprit_matches("rank 12", cul(ranks=[1]))
     assert culprit_matches("Device:3 (RankID 3)", cul(ranks=[3])) and culprit_matches("rank_id: 4", cul(ranks=[4]))
+    assert culprit_matches("process [0] (rank=0 in its error line)", cul(ranks=[0]))
+    assert not culprit_matches("rank=2", cul(ranks=[0])) and culprit_matches("local_rank=1", cul(local_ranks=[1]))
 
 
 def test_a_bare_gpu_index_counts_only_without_a_node():

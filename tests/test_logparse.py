@@ -23,6 +23,10 @@ def utc(*a) -> datetime:
     ("[hgx-b17] [rank8]: RuntimeError: CUDA error: system not yet initialized", "hgx-b17", 8, None, None),
     ("RuntimeError: CUDA out of memory.", None, None, None, None),
     ("[1,5]<stderr>:[gpu-h01:41222:0:41222] Caught signal 11 (Segmentation fault)", "gpu-h01", 5, None, None),
+    # horovodrun (gloo): the index is the worker's rank, with or without its timestamp
+    ("[3]<stderr>:RuntimeError: boom", None, 3, None, None),
+    ("Mon Mar  4 10:11:12 2024[12]<stdout>:epoch 1", None, 12, None, None),
+    ("[3] <stderr>: not a tag", None, None, None, None),
     ("(RayWorkerWrapper pid=4471, ip=10.0.5.12) torch.OutOfMemoryError: CUDA out of memory.", "10.0.5.12", None,
      None, None),
     ("Traceback: something", None, None, None, None),
@@ -196,6 +200,7 @@ def test_who_spoke_per_distinct_prefix_equals_the_full_parse_of_every_line():
         "[worker3]:x", "[worker3] x", "[trainer2]:[rank9]:[rank10]: y",
         "2024-01-01T10:12:13 [3] NCCL INFO odd host", "Jan:12:13 [3] x", "n1:5:6 [0] ok",
         "Jun  9 11:49:36 dgx-a100-07 kernel: NVRM: Xid 79", "[1,5]<stderr>:[gpu-h01:41222:0:41222] Caught signal",
+        "[2]<stderr>:terminate called", "[default1]:[2]<stderr>:x",
         "user@gpu-3:~/run$ python train.py", "(pid=4471, ip=10.0.5.12) x", "", "[", "]:", "gpu-1:1:2 [3] ",
         "slurmstepd-gpu-3: error: x", "2021-03-04 05:06:07 10.164.0.12 [2] x",
     ]

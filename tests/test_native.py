@@ -29,7 +29,7 @@ _FRAGMENTS = [
     b"gpu-node-001:2345:2398 [3] ", b"host_a.b-c:1:2 [12] ", b"x:1:2 [123] ", b"h:12:34 [5]", b":9:9 [1] ",
     b"Dec  1 10:02:13 gpu-node-004 kernel: ", b"Jun 17 09:00:00.123 node7 python[1234]: ", b"messages:",
     b"<13>", b"Jan 1 00:00:00 host prog:", b"2024-06-09T11:49:36+0000 gpu-3 kernel: ", b"[pod/p-1/c] ",
-    b"worker-1: ", b"[hgx-b17] ", b"[1,5]<stderr>:", b"[1718000000.123] [gpu-1:42:0] ", b"user@gpu-3:~/r$ ",
+    b"worker-1: ", b"[hgx-b17] ", b"[1,5]<stderr>:", b"[3]<stderr>:", b"[1718000000.123] [gpu-1:42:0] ", b"user@gpu-3:~/r$ ",
     b"(RayTrainWorker pid=4471, ip=10.0.5.12) ", b"[PG 0 Rank 5]", b"Rank 3]", b"Rank 1234567]", b"localRank 5 ",
     b"[Rank 2] ", b"[rank", b"Rank ", b" [", b"] ", b"loss: 2.3", b"Loss=tensor(-1", b"LOSS value: 7", b"loss",
     b"'loss': 1.93", b"lm loss: 2.1E+00", b"loss=abc", b"NCCL INFO Channel 01/0 : 3[3] -> 4[4] via P2P",

@@ -189,6 +189,30 @@ def odd_op_ranks(hang: pl.DataFrame) -> pl.DataFrame:
             .filter(pl.col("odd_op").list.len() == 1))
 
 
+def ahead_ranks(hang: pl.DataFrame) -> pl.DataFrame:
+    """Per job, the one rank of a process group whose watchdog timed out past the collective all the
+    others wait in, and in another collective (`_ALLGATHER_BASE` at SeqNum 102 where two or more others
+    wait in `BROADCAST` at 100). In step it could not have finished the work they are still in: it took
+    a code path they did not (desync), and they wait on it. Only an odd one out counts: two positions in
+    the group, one rank at the higher one against two or more at the other, in different ops."""
+    rows = (hang.select(*KEY, "rank", seq=_cap("seq").cast(pl.Int64, strict=False), op=_cap("op"),
+                        pg=_pg(), pg_rank=_cap("pg_rank").cast(pl.Int32, strict=False))
+            .filter(pl.col("seq").is_not_null() & pl.col("op").is_not_null() & pl.col("rank").is_not_null()
+                    & (pl.col("pg_rank").is_null() | (pl.col("pg_rank") == pl.col("rank"))))
+            .unique(subset=[*KEY, "pg", "seq", "rank", "op"]))
+    grp = [*KEY, "pg"]
+    # a rank seen at two positions of one group says nothing
+    rows = rows.filter(pl.len().over([*grp, "rank"]) == 1)
+    pos = rows.group_by([*grp, "seq", "op"]).agg(ranks=pl.col("rank").unique(), n=pl.len())
+    pos = pos.with_columns(n_pos=pl.len().over(grp), n_ops=pl.col("op").n_unique().over(grp),
+                           others=pl.col("n").sum().over(grp) - pl.col("n"),
+                           top=pl.col("seq").max().over(grp))
+    odd = pos.filter((pl.col("n_pos") == 2) & (pl.col("n_ops") == 2) & (pl.col("n") == 1)
+                     & (pl.col("others") >= 2) & (pl.col("seq") == pl.col("top")))
+    return (odd.explode("ranks").group_by(KEY).agg(ahead=pl.col("ranks").unique().sort())
+            .filter(pl.col("ahead").list.len() == 1))
+
+
 def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> pl.DataFrame:
     """Per job: the ranks that did not report a collective timeout while the others did, and
     the ranks whose last completed work lags. Columns: silent_seen, silent_unseen, laggards."""
@@ -196,7 +220,8 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
     if hang.height == 0:
         return pl.DataFrame(schema={**{k: active.schema[k] for k in KEY}, "silent_seen": pl.List(pl.Int32),
                                     "silent_unseen": pl.List(pl.Int32), "laggards": pl.List(pl.Int32),
-                                    "odd_op": pl.List(pl.Int32), "suspect_nodes": pl.List(pl.String)})
+                                    "odd_op": pl.List(pl.Int32), "ahead": pl.List(pl.Int32),
+                                    "suspect_nodes": pl.List(pl.String)})
     # A stall report that lists the ranks which reached the collective (Horovod's `[ready ranks: 5, 1, 0]`)
     # speaks for them: they count as reporting, so the ranks left out of it are the silent ones.
     said_ready = (hang.select(*KEY, rank=_cap("ready_ranks").str.extract_all(r"\d+"))
@@ -213,8 +238,11 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
                                                  _cap("seq").cast(pl.Int64, strict=False) - 1), pg=_pg())
                 .filter(pl.col("lc").is_not_null() & pl.col("rank").is_not_null())
                 .group_by([*KEY, "pg", "rank"]).agg(pl.col("lc").max()))
+    # Those behind must not outnumber those ahead: two ranks waiting where a third has gone on are the
+    # ones in step, the third left them (see `ahead_ranks`).
     lag = (progress.with_columns(lo=pl.col("lc").min().over([*KEY, "pg"]), hi=pl.col("lc").max().over([*KEY, "pg"]))
-           .filter((pl.col("lc") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")))
+           .with_columns(n_lo=(pl.col("lc") == pl.col("lo")).sum().over([*KEY, "pg"]), n=pl.len().over([*KEY, "pg"]))
+           .filter((pl.col("lc") == pl.col("lo")) & (pl.col("lo") < pl.col("hi")) & (pl.col("n_lo") * 2 <= pl.col("n")))
            .group_by(KEY).agg(laggards=pl.col("rank").unique().sort()))
     # All completed the same work: the rank that did not even enqueue the next one (its last enqueued
     # is lower: it never reached the collective the others wait in, stuck on its own side) is behind.
@@ -258,8 +286,11 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
     out = out.join(lag, on=KEY, how="left").with_columns(pl.col("laggards").fill_null(pl.lit([], pl.List(pl.Int32))))
     out = out.join(odd_op_ranks(hang), on=KEY, how="left").with_columns(
         pl.col("odd_op").cast(pl.List(pl.Int32)).fill_null(pl.lit([], pl.List(pl.Int32))))
+    out = out.join(ahead_ranks(hang), on=KEY, how="left").with_columns(
+        pl.col("ahead").cast(pl.List(pl.Int32)).fill_null(pl.lit([], pl.List(pl.Int32))))
     # Where the suspects live: a line that carried both their rank and a node, or their node's block.
-    suspects = (out.select(*KEY, r=pl.col("silent_seen").list.concat("laggards").list.concat("odd_op"))
+    suspects = (out.select(*KEY, r=pl.col("silent_seen").list.concat("laggards").list.concat("odd_op")
+                           .list.concat("ahead"))
                 .explode("r").drop_nulls("r"))
     known = stats.filter(pl.col("node").is_not_null() & pl.col("rank").is_not_null()).select(*KEY, "node", r="rank")
     direct = suspects.join(known, on=[*KEY, "r"])
@@ -267,7 +298,7 @@ def infer_hang(active: pl.DataFrame, stats: pl.DataFrame, cfg: DecideConfig) -> 
     homes = (pl.concat([direct.select(*KEY, "r", "node"), in_block.select(*KEY, "r", "node")])
              .unique().group_by(KEY).agg(suspect_nodes=pl.col("node").unique().sort()))
     return out.join(homes, on=KEY, how="left").select(
-        *KEY, "silent_seen", "silent_unseen", "laggards", "odd_op",
+        *KEY, "silent_seen", "silent_unseen", "laggards", "odd_op", "ahead",
         suspect_nodes=pl.col("suspect_nodes").fill_null(pl.lit([], pl.List(pl.String))))
 
 
@@ -316,6 +347,7 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         silent_unseen=pl.col("silent_unseen").fill_null(empty_i),
         laggards=pl.col("laggards").fill_null(empty_i),
         odd_op=pl.col("odd_op").fill_null(empty_i),
+        ahead=pl.col("ahead").fill_null(empty_i),
         suspect_nodes=pl.col("suspect_nodes").fill_null(pl.lit([], pl.List(pl.String))),
         peer_unresolved=pl.col("peer_unresolved").fill_null(False),
         node_inferred=pl.col("node_inferred").fill_null(False),
@@ -334,15 +366,17 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
         .when(is_hang & (silent.list.len() == 1)).then(pl.lit("silent_unseen"))
         .when(is_hang & (silent.list.len() == 0) & (pl.col("laggards").list.len() > 0)
               & (pl.col("laggards").list.len() <= 2)).then(pl.lit("laggard"))
+        .when(is_hang & (silent.list.len() == 0) & (pl.col("ahead").list.len() == 1)).then(pl.lit("ahead"))
         .otherwise(pl.lit(None, pl.String)),
     )
     verdict = verdict.with_columns(
         culprit_ranks=pl.when(pl.col("inference").is_in(["silent_seen", "silent_unseen"])).then(silent)
         .when(pl.col("inference") == "laggard").then(pl.col("laggards"))
         .when(pl.col("inference") == "odd_op").then(pl.col("odd_op"))
+        .when(pl.col("inference") == "ahead").then(pl.col("ahead"))
         .otherwise(pl.col("culprit_ranks")),
         # the node the inferred rank lives on, when the logs say (a hang there; not a hardware verdict)
-        culprit_nodes=pl.when(pl.col("inference").is_in(["silent_seen", "laggard", "odd_op"])
+        culprit_nodes=pl.when(pl.col("inference").is_in(["silent_seen", "laggard", "odd_op", "ahead"])
                               & (pl.col("suspect_nodes").list.len() == 1))
         .then(pl.col("suspect_nodes")).otherwise(pl.col("culprit_nodes")),
         # A rank that printed nothing at all may sit on a dead node: say so, don't choose.
@@ -475,7 +509,7 @@ def _confidence() -> pl.Expr:
              .then(pl.when(pl.col("state") == "COMPLETED").then(2).otherwise(0))
              .when(strong_root | ((pl.col("role") == "root") & pl.col("confirmed"))).then(2)
              .when(pl.col("role").is_in(["root", "confirmation"])).then(1)
-             .when(pl.col("inference").is_in(["silent_seen", "laggard", "odd_op"])).then(1)
+             .when(pl.col("inference").is_in(["silent_seen", "laggard", "odd_op", "ahead"])).then(1)
              .otherwise(0))
     level = level - pl.col("peer_unresolved").cast(pl.Int32)
     # a node inferred from the job naming one host, not from the line: never enough to drain unasked
@@ -505,6 +539,8 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("inference") == "laggard").then(pl.lit("culprit inferred: lowest last completed (or, all alike, last enqueued) collective")),
         pl.when(pl.col("inference") == "odd_op").then(
             pl.lit("culprit inferred: the only rank in another collective at the same SeqNum (desync)")),
+        pl.when(pl.col("inference") == "ahead").then(
+            pl.lit("culprit inferred: the only rank past the collective the others wait in, in another one (desync)")),
         pl.when(pl.col("peer_unresolved")).then(pl.lit("implicated peer could not be mapped to a node")),
         pl.when(pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0))
         .then(pl.lit("culprit node inferred: the only host the logs name")),

@@ -130,6 +130,8 @@ def _root_cause(v: dict, row: dict, inferred: list[int]) -> str:
         sentence += "; the culprit lags: lowest last completed (or last enqueued) collective"
     elif v["_inference"] == "odd_op":
         sentence += f"; rank {silent} was in another collective at the same SeqNum: out of step (desync)"
+    elif v["_inference"] == "ahead":
+        sentence += f"; rank {silent} had gone past that collective into another one: out of step (desync)"
     elif where and not v["ambiguous"]:
         sentence += f" (culprit: {'; '.join(where)})"
     return sentence[0].upper() + sentence[1:] if sentence else sentence
