@@ -880,3 +880,19 @@ def test_a_checkpoint_write_that_failed_is_storage_only_when_a_line_says_the_sto
     full = "tee: /scratch/run7/logs/train.log: No space left on device"
     d = diagnose_files([write("job2/train.log", save, full)], ruleset)
     assert d["outcome"] == "storage_io" and not d["ambiguous"]
+
+
+def test_fabric_manager_without_nvswitches_is_no_nvlink_fault(write, ruleset):
+    start = ["Sep 18 03:19:01 gpu-a nvidia-fabricmanager-start.sh[4753]: Detected Pre-NVL5 system",
+             "Sep 18 03:19:01 gpu-a nvidia-fabricmanager-start.sh[4756]: request to query NVSwitch device information "
+             "from NVSwitch driver failed with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]",
+             'Sep 18 03:19:01 gpu-a nvidia-fabricmanager-start.sh[4753]: "/usr/bin/nv-fabricmanager -c '
+             '/usr/share/nvidia/nvswitch/fabricmanager.cfg" failed! Exit code: 1',
+             "Sep 18 03:19:01 gpu-a systemd[1]: nvidia-fabricmanager.service: Control process exited, code=exited, "
+             "status=1/FAILURE"]
+    # no NVSwitch to manage: the start's failure lines are explained, nobody is blamed
+    d = diagnose_files([write("nofm/syslog.log", *start)], ruleset)
+    assert d["outcome"] == "healthy" and d["culprit"] == NOBODY
+    # the same failure without that answer is a fabric manager fault on the node
+    d = diagnose_files([write("fm/syslog.log", start[0], *start[2:])], ruleset)
+    assert d["outcome"] == "nvlink" and d["culprit"]["nodes"] == ["gpu-a"]
