@@ -260,3 +260,17 @@ def test_torchs_activation_checkpoint_warning_is_not_a_candidate(ruleset):
     assert not [lit for lit in prefilter_literals(ruleset) if lit.lower() in line]
     mm = '  File "/usr/lib/python3/site-packages/mmengine/runner/checkpoint.py", line 5, in load_checkpoint'.lower()
     assert [lit for lit in prefilter_literals(ruleset) if lit.lower() in mm]
+
+
+def test_a_driver_failed_status_line_is_not_a_candidate(ruleset):
+    """mlx5 and other drivers print `... failed, status ...` in ordinary console chatter; the sacct-row rule
+    wants FAILED followed by a column separator, so its bare "FAILED" literal made these lines 83% of a big
+    log's candidates (bench/README.md, bigfile, seventh round). A sacct row of any separator still is one."""
+    from faultline.rules.literals import prefilter_literals
+
+    lits = [lit.lower() for lit in prefilter_literals(ruleset)]
+    line = ("Dec  1 10:00:00 gpu-node-004 kernel: [39000.003500] mlx5_core 0000:0c:00.0: mlx5_cmd_out_err:838: "
+            "QUERY_VPORT_COUNTER(0x770) op_mod(0x0) failed, status bad parameter(0x3), syndrome (0x2e4d9c)").lower()
+    assert not [lit for lit in lits if lit in line]
+    for row in ("4242  train  gpu  ml  64  FAILED  1:0", "4242|train|gpu|ml|64|FAILED|1:0", "4242\ttrain\tFAILED\t1:0"):
+        assert [lit for lit in lits if lit in row.lower()], row
