@@ -418,6 +418,7 @@ def load_ruleset(extra: list[Path] | None = None, builtin: bool = True) -> Rules
     ruleset = _load_ruleset(dirs)
     if cache is not None:
         ruleset.minimal_literals  # noqa: B018 - computed now, so that the cached ruleset carries them
+        ruleset.log_routes  # noqa: B018 - likewise
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
