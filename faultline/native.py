@@ -94,32 +94,6 @@ def scan(sc, pre: list[str], data: bytes, max_line: int, limit: int, max_lines: 
 AHEAD = 8  # pieces scanned ahead of their consumer at most (a piece's digest: its candidate lines as str)
 
 
-class _Scan(threading.Thread):
-    """`scan` of one piece in a thread of its own; result() waits for it and returns it or raises its error."""
-
-    def __init__(self, sc, pre: list[str], data, max_line: int, limit: int, max_lines: int, rt):
-        super().__init__(name="faultline-scan", daemon=True)
-        self._args = (sc, pre, data, max_line, limit, max_lines, rt)
-        self._out: Digest | None = None
-        self._err: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        sc, pre, data, max_line, limit, max_lines, rt = self._args
-        try:
-            self._out = scan(sc, pre, data, max_line, limit, max_lines=max_lines, rt=rt)
-        except BaseException as exc:  # noqa: BLE001 - raised by result(), in the reading thread
-            self._err = exc
-        finally:
-            self._args = None
-
-    def result(self) -> Digest:
-        self.join()
-        if self._err is not None:
-            raise self._err
-        return self._out
-
-
 class Reader:
     """The native read of one file in a thread: `collectors.files.pieces` -> `scan` -> Digest, in file order.
     The scan of the next pieces overlaps the consumer's Polars work on this one (and, when the CLI starts
@@ -145,52 +119,23 @@ class Reader:
     def _run(self) -> None:
         path, sc, block_bytes, max_line, max_bytes, left, rt = self.key
         limit = max_line + len(filecol.TRUNCATED) + 12  # as files._frame cuts
-        # Each piece is scanned in a thread of its own (_Scan) while this one reads the next: the read, ~4 ms
-        # a 16 MiB piece of copying from the page cache, had both cores wait. pieces() keeps a piece's bytes
-        # until the one after next is asked for, and the scan of a piece is handed on before the next starts
-        # (its max_lines is what the pieces before it left). The report's counts go with the piece they were
-        # read with.
-        pending = None  # (the last piece's scan, the report's counts after reading it)
         try:
             with closing(filecol.pieces(path, self._own, block_bytes, max_line, max_bytes=max_bytes)) as it:
                 for pre, data in it:
-                    if pending is not None:
-                        done, pending = pending, None
-                        if (left := self._hand(done, left)) is None:
-                            return
                     # routed here, not in extract: this thread runs ahead (and the routes of each part of the
                     # piece are found by the thread that scanned it)
-                    pending = (_Scan(sc, pre, data, max_line, limit, left, rt), self._counts())
-                if pending is not None:
-                    done, pending = pending, None
-                    if self._hand(done, left) is None:
+                    d = scan(sc, pre, data, max_line, limit, max_lines=left, rt=rt)
+                    left -= d.lines
+                    if not self._put("piece", d) or left == 0:
+                        self._put("cut" if left == 0 else "stop", None)
                         return
             self._put("end", None)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            if pending is not None:  # the reading failed after a piece: that piece first, as it came first
-                try:
-                    if self._hand(pending, left) is None:
-                        return
-                except BaseException as first:  # noqa: BLE001 - its scan failed first
-                    exc = first
             self._put("error", exc)
 
-    def _hand(self, pending: tuple, left: int) -> int | None:
-        """A scanned piece to the consumer: the lines left, or None where the reading stops after it."""
-        job, counts = pending
-        d = job.result()
-        left -= d.lines
-        if not self._put("piece", d, counts) or left == 0:
-            self._put("cut" if left == 0 else "stop", None, counts)
-            return None
-        return left
-
-    def _counts(self) -> tuple:
+    def _put(self, kind: str, value) -> bool:
         own = self._own
-        return own.bytes, own.cut_at, own.truncated_lines, own.replaced_chars
-
-    def _put(self, kind: str, value, counts: tuple | None = None) -> bool:
-        item = (kind, value, *(counts or self._counts()))
+        item = (kind, value, own.bytes, own.cut_at, own.truncated_lines, own.replaced_chars)
         while not self._stop.is_set():
             try:
                 self._q.put(item, timeout=0.1)

@@ -159,21 +159,6 @@ def test_pieces_give_read_blocks_lines(tmp_path):
         assert n == sum(f.height for f in filecol.read_blocks(p, rep2, 128, 40))
 
 
-def test_a_pieces_bytes_stay_while_the_next_piece_is_read(tmp_path):
-    """native.Reader scans a piece while pieces() reads the next one: a piece's bytes stay as they were
-    until the piece after next is asked for (two buffers in turn), with carries and cut long lines."""
-    rnd = random.Random(5)
-    for k in range(30):
-        data = b"".join(rnd.choice(_FRAGMENTS) for _ in range(rnd.randrange(1, 400)))
-        p = tmp_path / f"s{k}.log"
-        p.write_bytes(data)
-        last = None
-        for pre, b in filecol.pieces(p, filecol.FileReport(str(p), "applog", None, None), 128, 40):
-            if last is not None:
-                assert bytes(last[0]) == last[1]  # the next piece is read: the last one's bytes are intact
-            last = (b, bytes(b))
-
-
 def _count_readers(monkeypatch) -> list:
     made = []
     real = native.Reader

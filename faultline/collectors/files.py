@@ -351,17 +351,13 @@ def pieces(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES, max_l
            max_bytes: int | None = None) -> Iterator[tuple[list[str], memoryview]]:
     """The file as (lines already decoded, bytes of whole lines) pieces in file order, each piece's decoded
     lines before its bytes. The bytes end with a line break (or are empty); they are at most about
-    `block_bytes`, and a view of one of two buffers that the piece after next reuses: use or copy them
-    before asking for that one (a fresh 16 MiB bytes object per read, per carry joined and per slice cost
-    more CPU than reading; two, so that native.Reader scans a piece while the next is read).
+    `block_bytes`, and a view of one buffer that the next piece reuses: use or copy them before asking for
+    it (a fresh 16 MiB bytes object per read, per carry joined and per slice cost more CPU than reading).
     Decoded lines are the head of a line longer than `max_line` cut while streaming, and the last line when
     the file does not end with a break. At most `max_bytes` bytes of text (after decompression) are read;
     past them `report.cut_at` says where."""
-    bufs = [bytearray(block_bytes + max_line * 4 + 1) for _ in range(2)]  # a kept carry is at most max_line * 4 bytes
-    views = [memoryview(b) for b in bufs]
-    cur = 0  # the buffer read into next; the other one holds the piece yielded last
-    buf, view = bufs[cur], views[cur]
-    older = None  # the piece yielded before the last: released once the consumer asks for the one after it
+    buf = bytearray(block_bytes + max_line * 4 + 1)  # a kept carry is at most max_line * 4 bytes
+    view = memoryview(buf)
     kept = 0  # bytes at the start of buf carried over: the start of an unfinished line
     head: bytes | None = None  # start of a line that is longer than max_line
     dropped = 0
@@ -403,16 +399,8 @@ def pieces(path: Path, report: FileReport, block_bytes: int = BLOCK_BYTES, max_l
             if lines or rest > start:
                 complete = view[start:rest]
                 yield lines, complete
-                if older is not None:
-                    older.release()
-                older = complete
-                # the next read goes to the other buffer, with the carry (the consumer may still use this one)
-                cur = 1 - cur
-                if head is None and end > rest:
-                    bufs[cur][0:end - rest] = buf[rest:end]
-                    kept = end - rest
-                buf, view = bufs[cur], views[cur]
-            elif head is None and end > rest:  # carried over: moved to the front (same size, no copy of buf)
+                complete.release()
+            if head is None and end > rest:  # carried over: moved to the front (same size, no copy of buf)
                 buf[0:end - rest] = buf[rest:end]
                 kept = end - rest
     tail: list[str] = []
