@@ -97,7 +97,8 @@ def _routes(text: pl.DataFrame, rules: tuple[Rule, ...], given: tuple[list[int],
         pairs = (text.lazy()
                  .select("_row", _lit=pl.col("line").str.extract_many(lits, ascii_case_insensitive=True, overlapping=True))
                  .explode("_lit").drop_nulls("_lit")
-                 .select("_row", _i=pl.col("_lit").str.to_lowercase().cast(pl.Enum(lits)).to_physical()))
+                 .select("_row", _i=pl.col("_lit").str.to_lowercase().cast(pl.Enum(lits)).to_physical()
+                         .cast(pl.UInt32)))  # the Enum's physical type is as narrow as its size allows
     key = (pairs.join(owners, on="_i")
            .select(_k=pl.col("_rule").cast(pl.UInt64) * (1 << 32) + pl.col("_row").cast(pl.UInt64))
            .collect(engine="streaming")["_k"].sort().unique(maintain_order=True))
