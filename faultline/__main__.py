@@ -1,3 +1,3 @@
-from faultline.cli import main
+from faultline.cli import run
 import sys
-sys.exit(main())
+sys.exit(run())

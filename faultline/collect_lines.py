@@ -22,7 +22,6 @@ from faultline.evidence import (JOBS_SCHEMA, PROGRESS_SCHEMA, STATS_SCHEMA, Evid
 from faultline.logparse import (PROGRESS, TS_DTYPE, detail_exprs, identity_exprs, line_times, progress_lines,
                                 with_identity_keys)
 from faultline.rules.extract import KEY, LOG_SCHEMA, SYMPTOM_SCHEMA, extract_logs, prefilter_expr, prefilter_literals
-from faultline.rules.literals import route_literals
 from faultline.rules.model import Ruleset
 
 PARSE_BATCH_ROWS = 1 << 17  # lines of small files parsed together (a 16 MiB block alone is about this)
@@ -108,7 +107,7 @@ class LineCollector:
         seq = 0
         quoted = filecol.looks_quoted(path)  # read by the Polars path, which takes the quote marks off
         scanner = None if quoted else native.scanner(tuple(self.literals))
-        router = native.router(tuple(route_literals(self.ruleset.log_rules)[0])) if scanner is not None else None
+        router = native.router(tuple(self.ruleset.log_routes[0])) if scanner is not None else None
         if reader is not None and (scanner is None or reader.rep is not rep
                                    or reader.key != (path, scanner, block_bytes, max_line, cap, left_lines, router)):
             reader.close()

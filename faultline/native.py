@@ -22,7 +22,7 @@ from typing import Iterator, NamedTuple
 
 from faultline.collectors import files as filecol
 from faultline.limits import CLI_READ, ReadLimits
-from faultline.rules.literals import prefilter_literals, route_literals
+from faultline.rules.literals import prefilter_literals
 from faultline.rules.model import Ruleset
 
 try:
@@ -192,7 +192,7 @@ def prestart(paths: list, ruleset: Ruleset, limits: ReadLimits = CLI_READ, block
     sc = scanner(tuple(prefilter_literals(ruleset)))
     if sc is None:
         return None
-    rt = router(tuple(route_literals(ruleset.log_rules)[0]))
+    rt = router(tuple(ruleset.log_routes[0]))
     files, problems = filecol.expand(paths)
     if not files or filecol.looks_quoted(files[0]):
         return None

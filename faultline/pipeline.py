@@ -87,7 +87,9 @@ def adopt_spoken_job_id(ev: Evidence) -> Evidence:
     """A job id guessed from a folder name yields to the Slurm id the job's own lines name
     (`*** JOB 55595933 ON ...`): the guess would make the filter phase drop those lines as another
     job's. Where several ids are spoken (a reused output file), the last one in file order ran last."""
-    spoken = (ev.symptoms.sort("file", "seq")
+    # only captures that name a job or step are parsed (a key of the JSON extract encodes is that text)
+    names = pl.col("captures").str.contains('"job"', literal=True) | pl.col("captures").str.contains('"step"', literal=True)
+    spoken = (ev.symptoms.sort("file", "seq").filter(names)
               .select(pl.coalesce(pl.col("captures").str.json_path_match("$.job"),
                                   pl.col("captures").str.json_path_match("$.step")).str.extract(r"^(\d+)"))
               .to_series().drop_nulls())

@@ -37,6 +37,25 @@ def test_diagnose_of_nothing_is_a_clear_error(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+def test_the_command_leaves_diagnose_with_its_output_and_status(write, tmp_path):
+    """`python -m faultline` and the console script leave `diagnose` by os._exit (cli.main's exit_now): the
+    output is whole, through a pipe and into a file, and the exit status is the diagnosis's."""
+    import subprocess
+    import sys
+
+    p = write("train.log", "[rank0]: step 1", OOM)
+    proc = subprocess.run([sys.executable, "-m", "faultline", "diagnose", str(p), "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and json.loads(proc.stdout)["outcome"] == "cuda_oom"
+    out = tmp_path / "out.txt"
+    with out.open("w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "faultline", "diagnose", str(p)], stdout=fh, timeout=300)
+    assert proc.returncode == 1 and out.read_text().startswith("CUDA_OOM") and out.read_text().endswith("\n")
+    proc = subprocess.run([sys.executable, "-m", "faultline", "diagnose", str(tmp_path / "nope.log")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
 def test_rules_commands(capsys):
     assert main(["rules", "list"]) == 0
     assert "rules in" in capsys.readouterr().out

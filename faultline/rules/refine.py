@@ -34,7 +34,10 @@ def filter_symptoms(symptoms: pl.DataFrame, jobs: pl.DataFrame | None = None,
     spoken_of = pl.coalesce(pl.col("captures").str.json_path_match("$.job"),
                             pl.col("captures").str.json_path_match("$.step")).str.extract(r"^(\d+)")
     other_job = spoken_of.is_not_null() & pl.col("job_id").str.contains(r"^\d+$") & (spoken_of != pl.col("job_id"))
-    out = out.filter(~other_job.fill_null(False))
+    # No plain-number job id (a job named after its file): no row can be another job's, and the JSON of every
+    # row's captures is not parsed (twice: ~25 ms for the 12 k symptoms of a 209 MiB log)
+    if out["job_id"].str.contains(r"^\d+$").any():
+        out = out.filter(~other_job.fill_null(False))
     # The most specific reading of each line wins; ties keep every rule.
     out = out.filter(pl.col("priority") == pl.col("priority").max().over([*KEY, "file", "seq"]))
     return out.unique(subset=[*KEY, "file", "seq", "rule_id"], keep="first", maintain_order=True)
