@@ -620,6 +620,20 @@ def test_paddles_aborted_trainer_names_the_rank_and_is_no_health(write, ruleset)
     assert d["outcome"] == "user_code_error" and d["culprit"] == NOBODY
 
 
+def test_composers_crashed_rank_names_the_rank_and_is_no_health(write, ruleset):
+    line = "ERROR:composer.cli.launcher:Rank {} crashed with exit code {}."
+    # the launcher's console alone: a failure, cause unknown, by rank
+    d = diagnose_files([write("c1/console.log", "Building trainer...", line.format(2, -6))], ruleset)
+    assert d["outcome"] == "unknown" and d["culprit"] == {**NOBODY, "ranks": [2]}
+    # with the cause in the log, the cause decides and the launcher names its rank
+    cause = ["Traceback (most recent call last):", "KeyError: 'image'"]
+    d = diagnose_files([write("c2/console.log", *cause, line.format(1, 1))], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"]["ranks"] == [1]
+    # a rank stopped by SIGTERM is not read
+    d = diagnose_files([write("c3/console.log", *cause, line.format(1, -15))], ruleset)
+    assert d["culprit"] == NOBODY
+
+
 def test_mp_spawns_first_dead_process_names_its_local_rank(write, ruleset):
     spawn = ["Traceback (most recent call last):", "torch.multiprocessing.spawn.ProcessRaisedException: ", "",
              "-- Process 1 terminated with the following error:", "Traceback (most recent call last):",

@@ -36,6 +36,7 @@ class DecideConfig:
     # `trainer process with rank=[3] was aborted`. Only rows
     # that blame their worker count: a SIGTERM/SIGABRT exit or an entry under `Failures:` does not.
     first_failure_symptoms: tuple[str, ...] = ("mpi_process_named", "torchrun_child_failed", "torchrun_failure_rank",
+                                               "composer_rank_crashed",
                                                "paddle_trainer_aborted")
     # srun's `HOST: task N: Exited with exit code RC`: the node whose tasks exited on their own (the others
     # were signalled by srun's teardown), when exactly one node did
