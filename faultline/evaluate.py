@@ -70,8 +70,9 @@ def culprit_matches(truth: str, culprit: dict) -> bool:
     pci = {_pci_key(x) for x in _PCI.findall(text)}
     if pci & {_pci_key(x) for x in culprit.get("gpu_pci") or []}:
         return True
-    # `GPU 1`, `GPU1`, `GPU:1` (TF's device name), `cuda:1` (a torch device)
-    gpus = {int(x) for x in re.findall(r"\b(?:gpu|cuda)\s*:?\s*(\d+)", text)}
+    # `GPU 1`, `GPU1`, `GPU:1` (TF's device name), `cuda:1` (a torch device); Ascend's `NPU 2`, `npu:2`,
+    # `NPU device 1`
+    gpus = {int(x) for x in re.findall(r"\b(?:gpu|cuda|npu)(?:\s+device)?\s*:?\s*(\d+)", text)}
     return bool(gpus & set(culprit.get("gpus") or []) and not culprit.get("nodes"))
 
 

@@ -68,6 +68,8 @@ _HVD_TAG = r"^(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}\s?)
 _UCX = (r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d{1,6}: )?\s*(?:\[\d{9,10}\.\d+\]\s+)?"
         r"\[([A-Za-z][A-Za-z0-9.\-]*[A-Za-z0-9]):\s*\d+\s*(?::[\w\-]+){0,2}\]")
 _SOURCE_FILE = r"\.(?:cpp|cc|cxx|c|h|hpp|cu|py|rs|go)$"
+# Nor is a field label: CANN and torch_npu print `[PID: 389] <time> ...` (the process id, no host).
+_FIELD_LABEL = r"^(?i:pid|tid|ppid)$"
 # A shell prompt pasted with the output: `user@gpu-node-3:~/run$ python train.py`.
 _PROMPT = r"^(?:\([\w.\-]+\)\s)?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*):[~/][^$#\n]*[$#] "
 # Ray's worker prefix: `(RayTrainWorker pid=4471, ip=10.0.5.12)`, `(pid=4471, ip=...)`, `(raylet, ip=...)`,
@@ -129,7 +131,7 @@ def progress_lines(lines: pl.DataFrame) -> pl.DataFrame:
 
 
 def _not_source_file(host: pl.Expr) -> pl.Expr:
-    return pl.when(host.str.contains(_SOURCE_FILE)).then(None).otherwise(host)
+    return pl.when(host.str.contains(_SOURCE_FILE) | host.str.contains(_FIELD_LABEL)).then(None).otherwise(host)
 
 
 def identity_exprs(file_node: str | None = None, file_rank: int | None = None,

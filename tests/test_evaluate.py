@@ -25,6 +25,9 @@ def test_a_bare_gpu_index_counts_only_without_a_node():
     assert culprit_matches("GPU 2", cul(gpus=[2]))
     assert not culprit_matches("GPU 2", cul(gpus=[2], nodes=["node9"]))
     assert culprit_matches("GPU 0000:3b:00.0", cul(gpu_pci=["0000:3b:00"]))
+    # Ascend's torch_npu names its devices `NPU 2` / `npu:2`
+    assert culprit_matches("NPU 2", cul(gpus=[2])) and culprit_matches("NPU device 1", cul(gpus=[1]))
+    assert not culprit_matches("NPU 2", cul(gpus=[1])) and not culprit_matches("inputs 2", cul(gpus=[2]))
 
 
 def test_device_names_of_a_gpu_are_its_index():

@@ -155,11 +155,14 @@ def test_ucx_openmpi_and_prompt_prefixes_name_the_node():
                                    "[gpu-a-08:123  :async]  ib_iface.c:12 UCX ERROR y",
                                    "[node01:12345] *** Process received signal ***",
                                    "[ProcessGroupNCCL.cpp:1234] not a host",
+                                   # CANN / torch_npu's `[PID: N]` field: a process id, no host
+                                   "[PID: 389] 2026-05-01-10:59:14.702.326 Device_Absent/Abnormal(EL0001): x",
                                    "alice@dgx-b200-12:~/run$ torchrun train.py",
                                    # srun --label before UCX's older [host:pid:idx:tid]: the node, not a rank
                                    "3: [gpu-c-11:4410:2:4471] Caught signal 11 (Segmentation fault)"]})
     got = lines.with_columns(**identity_exprs())
-    assert got["node"].to_list() == ["gpu-a-07", "gpu-a-08", "node01", None, "dgx-b200-12", "gpu-c-11"]
+    assert got["node"].to_list() == ["gpu-a-07", "gpu-a-08", "node01", None, None, "dgx-b200-12",
+                                       "gpu-c-11"]
     assert got["rank"].to_list()[-1] is None
 
 
