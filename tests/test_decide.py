@@ -910,3 +910,19 @@ def test_fabric_manager_without_nvswitches_is_no_nvlink_fault(write, ruleset):
     # the same failure without that answer is a fabric manager fault on the node
     d = diagnose_files([write("fm/syslog.log", start[0], *start[2:])], ruleset)
     assert d["outcome"] == "nvlink" and d["culprit"]["nodes"] == ["gpu-a"]
+
+
+def test_an_ib_device_nccl_skips_at_init_is_no_fault_and_no_blame(write, ruleset):
+    # ncclIbInit opens every verbs device the host lists before it reads NCCL_IB_HCA and skips those it
+    # cannot open: a container given some of the NICs prints this on every rank of a run that trains well
+    skipped = ["gpu-c04:311:402 [0] misc/ibvwrap.cc:212 NCCL WARN Call to ibv_open_device failed",
+               "gpu-c04:311:402 [0] transport/net_ib.cc:148 NCCL WARN NET/IB : Unable to open device mlx5_6",
+               "gpu-c04:311:402 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.12.0.4<0>"]
+    d = diagnose_files([write("ok/train.log", *skipped)], ruleset)
+    assert d["outcome"] == "healthy" and d["culprit"] == NOBODY
+    # a network fault printed later decides on its own line, not on the skipped device
+    fault = "gpu-c04:311:405 [0] NCCL WARN NET/IB : Got completion from peer 10.12.0.9<51532> with error 12, opcode 0, len 0, vendor err 129"
+    d = diagnose_files([write("bad/train.log", *skipped, fault)], ruleset)
+    assert d["outcome"] == "network_ib"
+    assert all(e["rule_id"] != "nccl.ib_device_unusable" for e in d["evidence"] if e.get("role") != "context")
+    assert d["culprit"]["nodes"] != ["gpu-c04"]
