@@ -926,3 +926,54 @@ def test_an_ib_device_nccl_skips_at_init_is_no_fault_and_no_blame(write, ruleset
     assert d["outcome"] == "network_ib"
     assert all(e["rule_id"] != "nccl.ib_device_unusable" for e in d["evidence"] if e.get("role") != "context")
     assert d["culprit"]["nodes"] != ["gpu-c04"]
+
+
+def test_an_hccl_collective_that_failed_on_a_victim_rank_is_no_user_code_error(write, ruleset):
+    # torch_npu raises a failed HcclAllreduce as a RuntimeError; the CANN report under it says why (a peer
+    # did not send in time). The rank that raised is a victim: not a user-code fault, and nobody is blamed.
+    lines = ["[rank1]:     work = group.allreduce([tensor], opts)",
+             "[rank1]: RuntimeError: InnerRunOpApi:torch_npu/csrc/framework/OpParamMaker.cpp:281 OPS function "
+             "error: HcclAllreduce, error code is 6",
+             "[rank1]: [ERROR] 2025-04-08-18:07:20 (PID:1292363, Device:1, RankID:1) ERR01100 OPS call acl api failed."]
+    d = diagnose_files([write("npu/train.log", *lines)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["culprit"] == NOBODY
+    d = diagnose_files([write("npu2/train.log", *lines, "[rank1]: EI0006: [PID: 1292363] 2025-04-08-18:07:20.444.436 "
+                              "Getting socket times out. Reason: Remote Rank did not send the data in time.")], ruleset)
+    assert d["outcome"] == "network_socket_rendezvous" and d["culprit"] == NOBODY
+
+
+def test_old_mp_spawn_wrapper_defers_to_the_childs_exception(write, ruleset):
+    # torch < 1.8 wrapped the child's traceback in a plain Exception whose message starts with a newline
+    p = write("spawn/train.log", "Traceback (most recent call last):",
+              '  File "/opt/conda/lib/python3.7/site-packages/torch/multiprocessing/spawn.py", line 118, in join',
+              "    raise Exception(msg)", "Exception: ", "",
+              "-- Process 1 terminated with the following error:", "Traceback (most recent call last):",
+              '  File "/opt/conda/lib/python3.7/site-packages/torch/multiprocessing/spawn.py", line 19, in _wrap',
+              "    fn(i, *args)",
+              "FileNotFoundError: [Errno 2] No such file or directory: '/data/coco/annotations/instances_train2017.json'")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "config_error"  # the missing annotation file, not the wrapper
+    assert any(e["rule_id"] == "pytorch.mp_spawn_raised_bare" and e["role"] == "teardown" for e in d["evidence"])
+    assert not any(e["rule_id"] == "python.exception" for e in d["evidence"])
+
+
+def test_mpi_that_could_not_initialise_is_a_launch_configuration_fault_naming_nobody(write, ruleset):
+    p = write("mpi/out.log", "*** An error occurred in MPI_Init_thread", "*** on a NULL communicator",
+              "*** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,",
+              "***    and potentially your MPI job)",
+              "[gpu-a-07:41233] Local abort before MPI_INIT completed completed successfully, but am not able to "
+              "aggregate error messages, and not able to guarantee that all other processes were killed!")
+    d = diagnose_files([p], ruleset)
+    assert d["outcome"] == "config_error" and d["culprit"]["nodes"] == []
+
+
+def test_pmix_lock_noise_and_benign_xla_notices_are_not_failure_markers(write, ruleset):
+    p = write("ok/run.log", "[gpu-c-03:77120] PMIX ERROR: ERROR in file gds_ds12_lock_pthread.c at line 168",
+              "E0000 00:00:1725383433.302361    2049 gpu_timer.cc:114] Delay kernel timed out: measured time has "
+              "sub-optimal accuracy. There may be a missing warmup execution, please investigate in Nsight Systems.",
+              "step 100 loss 2.31")
+    assert diagnose_files([p], ruleset)["outcome"] == "healthy"
+    # an unbracketed glog/absl error line is a failure marker, not evidence of health
+    q = write("bad/run.log", "E0120 08:28:09.425599  2049 pjrt_stream_executor_client.cc:2985] Execution of "
+              "replica 0 failed: INTERNAL: Failed to execute XLA Runtime executable")
+    assert diagnose_files([q], ruleset)["outcome"] == "unknown"
