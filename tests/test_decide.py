@@ -977,3 +977,38 @@ def test_pmix_lock_noise_and_benign_xla_notices_are_not_failure_markers(write, r
     q = write("bad/run.log", "E0120 08:28:09.425599  2049 pjrt_stream_executor_client.cc:2985] Execution of "
               "replica 0 failed: INTERNAL: Failed to execute XLA Runtime executable")
     assert diagnose_files([q], ruleset)["outcome"] == "unknown"
+
+
+def test_a_slurm_error_line_is_a_failure_marker_but_the_chdir_fallback_is_not(write, ruleset):
+    d = diagnose_files([write("a/slurm-1.out", "slurmstepd: error: Unable to create TMPDIR [/local/1234]: "
+                              "Permission denied", "step 1 loss 2.3")], ruleset)
+    assert d["outcome"] == "unknown" and d["culprit"] == NOBODY
+    d = diagnose_files([write("b/slurm-2.out", "slurmstepd: error: couldn't chdir to `/workspace': No such file or "
+                              "directory: going to /tmp instead", "step 1 loss 2.3", "step 2 loss 2.1")], ruleset)
+    assert d["outcome"] == "healthy"
+    d = diagnose_files([write("c/slurm-3.out", "srun: error: Task launch for 812.0 failed on node cn207: Job "
+                              "credential expired")], ruleset)
+    assert d["outcome"] == "node_failure" and d["culprit"]["nodes"] == ["cn207"]
+
+
+def test_the_nccl_warning_xla_repeats_in_its_status_decides_like_the_warning_itself(write, ruleset):
+    line = ("jaxlib.xla_extension.XlaRuntimeError: INTERNAL: external/xla/xla/service/gpu/nccl_utils.cc:297: NCCL "
+            "operation ncclCommInitRank(&comm, nranks, id, rank) failed: internal error - please report this issue to "
+            "the NCCL developers. Last NCCL warning(error) log entry (may be unrelated) 'Attribute busid of node nic "
+            "not found'.")
+    d = diagnose_files([write("jax/run.log", line)], ruleset)
+    assert d["outcome"] == "config_error" and d["culprit"] == NOBODY
+
+
+def test_a_collective_mismatch_report_blames_the_rank_that_left_the_common_path(write, ruleset):
+    fp = "CollectiveFingerPrint(SequenceNumber={}, OpType={})"
+    line = ("[rank{p}]: RuntimeError: Detected mismatch between collectives on ranks. Rank {p} is running collective: "
+            "{a}, but Rank {o} is running collective: {b}.")
+    # ranks 0 and 2..6 ran rank 1's collective (the check compares in rank order): rank 7 diverged
+    d = diagnose_files([write("mm/train.log", line.format(p=1, o=7, a=fp.format(101, "ALLGATHER"),
+                                                           b=fp.format(0, "REDUCE")))], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"]["ranks"] == [7]
+    # against rank 0 nothing says which of the two diverged: the printer stays the only one named
+    d = diagnose_files([write("mm2/train.log", line.format(p=7, o=0, a=fp.format(0, "REDUCE"),
+                                                            b=fp.format(101, "ALLGATHER")))], ruleset)
+    assert d["outcome"] == "user_code_error" and 0 not in d["culprit"]["ranks"]
