@@ -68,8 +68,10 @@ _HVD_TAG = r"^(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}\s?)
 _UCX = (r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d{1,6}: )?\s*(?:\[\d{9,10}\.\d+\]\s+)?"
         r"\[([A-Za-z][A-Za-z0-9.\-]*[A-Za-z0-9]):\s*\d+\s*(?::[\w\-]+){0,2}\]")
 _SOURCE_FILE = r"\.(?:cpp|cc|cxx|c|h|hpp|cu|py|rs|go)$"
-# Nor is a field label: CANN and torch_npu print `[PID: 389] <time> ...` (the process id, no host).
-_FIELD_LABEL = r"^(?i:pid|tid|ppid)$"
+# Nor is a field label: CANN and torch_npu print `[PID: 389] <time> ...` (the process id, no host), Lightning
+# `[rank: 0] Seed set to 42` (lightning_fabric/utilities/rank_zero.py rank_prefixed_message: the global rank).
+_FIELD_LABEL = r"^(?i:pid|tid|ppid|rank|local_rank|global_rank|node_rank|device|gpu|step|epoch|iter|iteration)$"
+_LIGHTNING_RANK = r"^\[rank: (\d{1,6})\] "
 # A shell prompt pasted with the output: `user@gpu-node-3:~/run$ python train.py`.
 _PROMPT = r"^(?:\([\w.\-]+\)\s)?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*):[~/][^$#\n]*[$#] "
 # Ray's worker prefix: `(RayTrainWorker pid=4471, ip=10.0.5.12)`, `(pid=4471, ip=...)`, `(raylet, ip=...)`,
@@ -158,6 +160,7 @@ def identity_exprs(file_node: str | None = None, file_rank: int | None = None,
         line.str.extract(_C10D_RANK),
         line.str.extract(_MPI_TAG),
         line.str.extract(_HVD_TAG),
+        line.str.extract(_LIGHTNING_RANK),
         pl.lit(None if file_rank is None else str(file_rank), dtype=pl.String),
     ).cast(pl.Int32, strict=False)
     return {"node": node, "rank": rank}

@@ -1012,3 +1012,14 @@ def test_a_collective_mismatch_report_blames_the_rank_that_left_the_common_path(
     d = diagnose_files([write("mm2/train.log", line.format(p=7, o=0, a=fp.format(0, "REDUCE"),
                                                             b=fp.format(101, "ALLGATHER")))], ruleset)
     assert d["outcome"] == "user_code_error" and 0 not in d["culprit"]["ranks"]
+
+
+def test_a_config_error_that_training_went_on_after_does_not_hide_the_time_limit(write, ruleset):
+    miss = "/var/spool/slurmd/job3108079/slurm_script: line 12: python: command not found"
+    limit = "slurmstepd: error: *** JOB 3108079 ON nid006844 CANCELLED AT 2026-08-18T03:25:55 DUE TO TIME LIMIT ***"
+    steps = [" iteration       10/ 5000 | lm loss: 4.243E+00 |", " iteration       20/ 5000 | lm loss: 4.101E+00 |"]
+    d = diagnose_files([write("a/slurm.out", miss, *steps, limit)], ruleset)
+    assert d["outcome"] == "scheduler_timelimit"
+    # with no step after it, the error is what stopped the job and the limit only how it ended
+    d = diagnose_files([write("b/slurm.out", *steps, miss, limit)], ruleset)
+    assert d["outcome"] == "config_error"

@@ -4,7 +4,7 @@ import polars as pl
 import pytest
 
 from faultline.collectors.files import hints
-from faultline.logparse import identity_exprs, parse_lines, progress_lines, year_hint
+from faultline.logparse import identity_exprs, parse_lines, progress_lines, who_spoke, year_hint
 
 
 def one(line: str, **kw) -> dict:
@@ -164,6 +164,14 @@ def test_ucx_openmpi_and_prompt_prefixes_name_the_node():
     assert got["node"].to_list() == ["gpu-a-07", "gpu-a-08", "node01", None, None, "dgx-b200-12",
                                        "gpu-c-11"]
     assert got["rank"].to_list()[-1] is None
+
+
+def test_a_field_label_in_brackets_is_no_host_and_lightnings_rank_tag_is_a_rank():
+    lines = pl.DataFrame({"line": ["[rank: 0] Seed set to 42", "[rank: 3] Global seed set to 1234",
+                                   "[gpu: 1] whatever", "[gpu-a-07:4412] *** Process received signal ***"]})
+    got = who_spoke(lines)
+    assert got["node"].to_list() == [None, None, None, "gpu-a-07"]
+    assert got["rank"].to_list() == [0, 3, None, None]
 
 
 def test_slurmstepd_program_name_names_the_node():

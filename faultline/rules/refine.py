@@ -313,12 +313,15 @@ _FAULT_ROLES = ("root", "confirmation", "cascade")
 _NOT_FAULTS = ("scheduler_timelimit", "scheduler_preemption_cancel", "healthy", "unknown")
 
 
-def end_after_fault(symptoms: pl.DataFrame) -> pl.DataFrame:
+def end_after_fault(symptoms: pl.DataFrame, progress: pl.DataFrame | None = None) -> pl.DataFrame:
     """A time limit that ends a job in which a fault showed before it (an IB completion error, a watchdog
     timeout: a job that had stopped and sat until the wall time) is how that job ended, not why: it becomes
     teardown. Before means earlier in the same file, or by timestamp; a fault that cannot be ordered
     against the limit (another file without times) does not count, since ranks print resets and timeouts
-    after the limit's SIGTERM too."""
+    after the limit's SIGTERM too. A configuration error that the same file shows training progress after
+    (a job script's side command not found, then steps with a finite loss until the limit) did not stop the
+    job: it is set aside and the limit stays the cause. Only configuration errors: a fabric or collective
+    fault can be followed by a few steps of the ranks it has not reached yet before the job hangs."""
     if symptoms.height == 0:
         return symptoms
     live = pl.col("superseded_by").is_null()
@@ -326,6 +329,15 @@ def end_after_fault(symptoms: pl.DataFrame) -> pl.DataFrame:
             .select(*KEY, e_file="file", e_seq="seq", e_ts="ts"))
     if ends.height == 0:
         return symptoms
+    if progress is not None and progress.height:
+        went_on = (pl.col("outcome") == "config_error") & (pl.col("last_progress") > pl.col("seq")).fill_null(False)
+        ended = ends.select(KEY).unique().with_columns(_ended=pl.lit(True))
+        symptoms = (symptoms.join(progress, on=[*KEY, "file"], how="left", maintain_order="left")
+                    .join(ended, on=KEY, how="left", maintain_order="left")
+                    .with_columns(superseded_by=pl.when(live & went_on & pl.col("_ended").fill_null(False))
+                                  .then(pl.lit("survived: training went on until the time limit"))
+                                  .otherwise(pl.col("superseded_by")))
+                    .drop("last_progress", "_ended"))
     faults = symptoms.filter(live & pl.col("role").is_in(_FAULT_ROLES) & ~pl.col("outcome").is_in(_NOT_FAULTS)
                              ).select(*KEY, "file", "seq", "ts")
     before = faults.join(ends, on=KEY).filter(
@@ -343,7 +355,7 @@ def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | No
     out = supersede(set_roles_by_section(place_by_headers(out, ruleset), ruleset), ruleset)
     out = set_aside_resolved(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress), ruleset)
     out = resolve_peers(out, stats)
-    out = end_after_fault(out)
+    out = end_after_fault(out, progress)
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
     named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(
