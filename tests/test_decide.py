@@ -1023,3 +1023,20 @@ def test_a_config_error_that_training_went_on_after_does_not_hide_the_time_limit
     # with no step after it, the error is what stopped the job and the limit only how it ended
     d = diagnose_files([write("b/slurm.out", *steps, miss, limit)], ruleset)
     assert d["outcome"] == "config_error"
+
+
+def test_ucx_and_open_mpi_start_up_notes_that_runs_survive_are_not_their_cause(write, ruleset):
+    absent = ("[1594407135.546337] [k69a05298:117  :0]          ib_md.c:1933 UCX  ERROR ibv_open_device(mlx5_9) "
+              "failed: No such file or directory")
+    d = diagnose_files([write("ok/run.log", absent, " iteration 10 | lm loss: 4.2E+00 |")], ruleset)
+    assert d["outcome"] == "healthy"
+    # any other UCX error is a failure marker
+    d = diagnose_files([write("bad/run.log", absent.replace("ibv_open_device(mlx5_9) failed: No such file or directory",
+                                                            "failed to allocate memory pool"))], ruleset)
+    assert d["outcome"] == "unknown"
+    limit = "slurmstepd: error: *** JOB 2610 ON cn-7 CANCELLED AT 2023-03-10T09:46:31 DUE TO TIME LIMIT ***"
+    d = diagnose_files([write("lim/slurm.out", "A requested component was not found, or was unable to be opened.  This",
+                              limit)], ruleset)
+    assert d["outcome"] == "scheduler_timelimit"
+    d = diagnose_files([write("none/slurm.out", "No components were able to be opened in the pml framework.")], ruleset)
+    assert d["outcome"] == "config_error" and d["culprit"] == NOBODY
