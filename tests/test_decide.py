@@ -604,6 +604,25 @@ def test_torchruns_first_failure_names_the_worker_when_the_cause_names_nobody(wr
     assert diagnose_files([write("d/train.log", *cause, *old)], ruleset)["culprit"]["ranks"] == [4]
 
 
+def test_torchruns_first_failure_adds_the_rank_to_a_cause_that_names_only_its_gpu(write, ruleset):
+    """A CUDA OOM printed without a rank tag names the GPU index it ran on; torchrun's Root Cause names
+    the rank. Both are the same process: the rank is added, the GPU kept, the confidence the OOM's own."""
+    oom = ["Traceback (most recent call last):", '  File "train.py", line 51, in forward',
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB. GPU 2 has a total capacity of "
+           "79.15 GiB of which 12.50 MiB is free. Process 7712 has 79.13 GiB memory in use."]
+    d = diagnose_files([write("oom/train.log", *oom, *_torchrun_summary(2, 1))], ruleset)
+    assert d["outcome"] == "cuda_oom" and d["culprit"] == {**NOBODY, "ranks": [2], "gpus": [2]}
+    assert d["confidence"] == "high"
+    # without the launcher's report: the GPU alone, as before
+    d = diagnose_files([write("oom2/train.log", *oom)], ruleset)
+    assert d["culprit"] == {**NOBODY, "gpus": [2]}
+    # an agent line that knows only a local rank adds nothing (the GPU index already says as much)
+    agent = ("E0302 10:41:07.512000 4099 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) "
+             "local_rank: 3 (pid: 4103) of binary: /usr/bin/python3")
+    d = diagnose_files([write("oom3/train.log", *oom, agent)], ruleset)
+    assert d["culprit"] == {**NOBODY, "gpus": [2]}
+
+
 def test_paddles_aborted_trainer_names_the_rank_and_is_no_health(write, ruleset):
     launch = ["INFO 2021-05-24 17:17:14,611 launch_utils.py:307] terminate all the procs",
               "ERROR 2021-05-24 17:17:14,611 launch_utils.py:545] ABORT!!! Out of all 4 trainers, the trainer "

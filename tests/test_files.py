@@ -61,6 +61,19 @@ def test_invalid_utf8_is_replaced_and_counted(write, ruleset):
     assert diagnose_files([p], ruleset)["outcome"] == "cuda_oom"
 
 
+def test_utf16_with_a_byte_order_mark_is_read_as_text(write, ruleset):
+    """Windows PowerShell's `>` writes UTF-16 with a BOM: every other byte is NUL, yet it is a text log."""
+    text = "step 1 ok\r\n" + OOM + "\r\n"
+    for enc, name in (("utf-16", "ps.log"), ("utf-16-be", "be.log")):
+        data = (b"\xfe\xff" if enc == "utf-16-be" else b"") + text.encode(enc)
+        p = write(name, data=data)
+        got, rep = lines_of(p, block_bytes=7)
+        assert got == ["step 1 ok", OOM] and rep.replaced_chars == 0
+        assert diagnose_files([p], ruleset)["outcome"] == "cuda_oom"
+    gz = write("ps.log.gz", data=gzip.compress(text.encode("utf-16")))
+    assert lines_of(gz)[0] == ["step 1 ok", OOM]
+
+
 def test_random_bytes_empty_and_corrupt_files_are_recorded_not_fatal(write, ruleset, tmp_path):
     write("job/random.bin", data=os.urandom(300_000))
     write("job/empty.log", data=b"")

@@ -9,6 +9,7 @@ as a Polars frame of raw lines; parsing and rule matching happen downstream.
 from __future__ import annotations
 
 import bz2
+import codecs
 import lzma
 import os
 import re
@@ -242,9 +243,86 @@ def is_compressed(path: Path) -> bool:
     return path.suffix.lower() in _KINDS
 
 
+class _Transcoded:
+    """A UTF-16 text file (it starts with a byte-order mark: what Windows PowerShell's `>` and `Out-File`
+    write) read as UTF-8 bytes, incrementally, so the line splitting and the binary probe see text and not
+    the NUL byte of every other position. Undecodable units become U+FFFD, as in UTF-8 input."""
+
+    def __init__(self, fh, encoding: str, step: int = 1 << 16):
+        self.fh, self.step = fh, step
+        self.dec = codecs.getincrementaldecoder(encoding)(errors="replace")
+        self.buf = bytearray()
+        self.done = False
+
+    @property
+    def cut(self) -> bool:
+        return bool(getattr(self.fh, "cut", False))
+
+    def read(self, n: int) -> bytes:
+        while len(self.buf) < n and not self.done:
+            chunk = self.fh.read(self.step)
+            text = self.dec.decode(chunk, final=not chunk)
+            self.done = not chunk
+            self.buf += text.encode("utf-8", errors="replace")
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        close = getattr(self.fh, "__exit__", None)
+        if close is not None:
+            close(*exc)
+
+
+_UTF16_BOMS = ((codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+
+
 def _open(path: Path, max_out: int | None = None):
     kind = _KINDS.get(path.suffix.lower())
-    return _Decompressed(path, kind, max_out=max_out) if kind else path.open("rb")
+    fh = _Decompressed(path, kind, max_out=max_out) if kind else path.open("rb")
+    try:
+        # a plain file is peeked at (its readinto stays: no copy per block); a decompressed one is read
+        bom = fh.read(2) if kind else fh.peek(2)[:2]
+    except BaseException:
+        fh.__exit__(None, None, None)
+        raise
+    for mark, encoding in _UTF16_BOMS:
+        if bom == mark:
+            if not kind:
+                fh.read(2)
+            return _Transcoded(fh, encoding)
+    return _Rewound(fh, bom) if kind else fh
+
+
+class _Rewound:
+    """The file as opened, with the bytes read to look for a byte-order mark given back first."""
+
+    def __init__(self, fh, head: bytes):
+        self.fh, self.head = fh, head
+
+    @property
+    def cut(self) -> bool:
+        return bool(getattr(self.fh, "cut", False))
+
+    def read(self, n: int = -1) -> bytes:
+        head, self.head = self.head, b""
+        if n is None or n < 0:
+            return head + self.fh.read()
+        if len(head) >= n:
+            self.head = head[n:]
+            return head[:n]
+        return head + self.fh.read(n - len(head))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        close = getattr(self.fh, "__exit__", None)
+        if close is not None:
+            close(*exc)
 
 
 def looks_binary(head: bytes) -> str | None:

@@ -405,13 +405,21 @@ def decide(refined: pl.DataFrame, stats: pl.DataFrame, jobs: pl.DataFrame,
     one_local = (pl.col("first_ranks").list.len() == 0) & (pl.col("first_local").list.len() == 1) & (pl.col("first_nodes") <= 1)
     one_node = ((pl.col("first_ranks").list.len() == 0) & (pl.col("first_local").list.len() == 0)
                 & (pl.col("exit_nodes").list.len() == 1))
+    # A workload cause whose line names only the GPU index it ran on (a CUDA OOM's `GPU 1 has a total
+    # capacity ...`, printed without a rank tag) and a launcher that names one global rank as the first to
+    # fail: that rank too. The GPU stays; the confidence is the line's own (the launcher adds, not guesses).
+    gpu_only = ((pl.col("culprit_gpus").list.len() > 0) & (pl.col("culprit_nodes").list.len() == 0)
+                & (pl.col("culprit_ranks").list.len() == 0) & (pl.col("culprit_gpu_pci").list.len() == 0)
+                & (pl.col("culprit_local_ranks").list.len() == 0) & pl.col("inference").is_null()
+                & (pl.col("domain") == "workload"))
     verdict = verdict.join(first, on=KEY, how="left").with_columns(
         launcher_named=(nobody & (one_rank | one_local | one_node)).fill_null(False), _by_rank=one_rank.fill_null(False),
-        _by_node=one_node.fill_null(False))
+        _by_node=one_node.fill_null(False), launcher_ranked=(gpu_only & one_rank).fill_null(False))
     verdict = verdict.with_columns(
         culprit_nodes=pl.when(pl.col("launcher_named") & pl.col("_by_node")).then(pl.col("exit_nodes"))
         .otherwise(pl.col("culprit_nodes")),
-        culprit_ranks=pl.when(pl.col("launcher_named") & pl.col("_by_rank")).then(pl.col("first_ranks").cast(pl.List(pl.Int32)))
+        culprit_ranks=pl.when((pl.col("launcher_named") & pl.col("_by_rank")) | pl.col("launcher_ranked"))
+        .then(pl.col("first_ranks").cast(pl.List(pl.Int32)))
         .otherwise(pl.col("culprit_ranks")),
         culprit_local_ranks=pl.when(pl.col("launcher_named") & ~pl.col("_by_rank") & ~pl.col("_by_node"))
         .then(pl.col("first_local").cast(pl.List(pl.Int32))).otherwise(pl.col("culprit_local_ranks")),
@@ -546,6 +554,7 @@ def _confidence_reason() -> pl.Expr:
         pl.when(pl.col("node_inferred") & (pl.col("culprit_nodes").list.len() > 0))
         .then(pl.lit("culprit node inferred: the only host the logs name")),
         pl.when(pl.col("launcher_named")).then(pl.lit("culprit rank (or local rank) from the launcher's report of the first process to fail")),
+        pl.when(pl.col("launcher_ranked")).then(pl.lit("the GPU from the line, its rank from the launcher's report of the first process to fail")),
         pl.when(pl.col("rank_homed") & (pl.col("culprit_nodes").list.len() > 0))
         .then(pl.lit("culprit node: where the named rank's own lines were printed")),
         pl.when(pl.col("widespread")).then(pl.lit("most nodes or ranks report it: the cause is not in one place")),
