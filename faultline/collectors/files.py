@@ -168,7 +168,35 @@ def hints(path: Path) -> tuple[str, str | None, int | None]:
     return source, node, rank
 
 
-class _Decompressed:
+class _Pulled:
+    """A byte stream made by pulling steps into a buffer (`_more`, which sets `done` at the end and may leave
+    an `error` to raise once every byte before it was read)."""
+
+    buf: bytearray
+    done: bool
+    error: Exception | None = None
+
+    def _more(self) -> None:
+        raise NotImplementedError
+
+    def read(self, n: int) -> bytes:
+        while len(self.buf) < n and not self.done:
+            try:
+                self._more()
+            except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
+                self.error, self.done = exc, True
+        if not self.buf and self.error is not None:
+            err, self.error = self.error, None
+            raise err
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def __enter__(self):
+        return self
+
+
+class _Decompressed(_Pulled):
     """A compressed file read incrementally: a truncated or damaged archive still gives every byte
     before the damage, and only then raises. Output is produced in bounded steps (`step` bytes), so a
     small archive of a huge file never lands in memory at once. Concatenated members are read in turn.
@@ -211,22 +239,6 @@ class _Decompressed:
             del self.buf[len(self.buf) - (self.out - self.max_out):]
             self.out, self.done, self.cut = self.max_out, True, True
 
-    def read(self, n: int) -> bytes:
-        while len(self.buf) < n and not self.done:
-            try:
-                self._more()
-            except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
-                self.error, self.done = exc, True
-        if not self.buf and self.error is not None:
-            err, self.error = self.error, None
-            raise err
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
-    def __enter__(self):
-        return self
-
     def __exit__(self, *exc) -> None:
         self.raw.close()
 
@@ -243,7 +255,7 @@ def is_compressed(path: Path) -> bool:
     return path.suffix.lower() in _KINDS
 
 
-class _Transcoded:
+class _Transcoded(_Pulled):
     """A UTF-16 text file (it starts with a byte-order mark: what Windows PowerShell's `>` and `Out-File`
     write) read as UTF-8 bytes, incrementally, so the line splitting and the binary probe see text and not
     the NUL byte of every other position. Undecodable units become U+FFFD, as in UTF-8 input."""
@@ -258,18 +270,10 @@ class _Transcoded:
     def cut(self) -> bool:
         return bool(getattr(self.fh, "cut", False))
 
-    def read(self, n: int) -> bytes:
-        while len(self.buf) < n and not self.done:
-            chunk = self.fh.read(self.step)
-            text = self.dec.decode(chunk, final=not chunk)
-            self.done = not chunk
-            self.buf += text.encode("utf-8", errors="replace")
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
-    def __enter__(self):
-        return self
+    def _more(self) -> None:
+        chunk = self.fh.read(self.step)
+        self.done = not chunk
+        self.buf += self.dec.decode(chunk, final=self.done).encode("utf-8", errors="replace")
 
     def __exit__(self, *exc) -> None:
         close = getattr(self.fh, "__exit__", None)
