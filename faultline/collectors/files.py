@@ -298,35 +298,10 @@ def _open(path: Path, max_out: int | None = None):
             if not kind:
                 fh.read(2)
             return _Transcoded(fh, encoding)
-    return _Rewound(fh, bom) if kind else fh
+    if kind:
+        fh.buf[:0] = bom  # not a mark: the bytes go back in front of what is still to be read
+    return fh
 
-
-class _Rewound:
-    """The file as opened, with the bytes read to look for a byte-order mark given back first."""
-
-    def __init__(self, fh, head: bytes):
-        self.fh, self.head = fh, head
-
-    @property
-    def cut(self) -> bool:
-        return bool(getattr(self.fh, "cut", False))
-
-    def read(self, n: int = -1) -> bytes:
-        head, self.head = self.head, b""
-        if n is None or n < 0:
-            return head + self.fh.read()
-        if len(head) >= n:
-            self.head = head[n:]
-            return head[:n]
-        return head + self.fh.read(n - len(head))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        close = getattr(self.fh, "__exit__", None)
-        if close is not None:
-            close(*exc)
 
 
 def looks_binary(head: bytes) -> str | None:
