@@ -1059,3 +1059,54 @@ def test_ucx_and_open_mpi_start_up_notes_that_runs_survive_are_not_their_cause(w
     assert d["outcome"] == "scheduler_timelimit"
     d = diagnose_files([write("none/slurm.out", "No components were able to be opened in the pml framework.")], ruleset)
     assert d["outcome"] == "config_error" and d["culprit"] == NOBODY
+
+
+def test_a_bare_exception_raised_inside_checkpoint_code_is_a_checkpoint_fault(write, ruleset):
+    # A bare AssertionError (or a racing makedirs' FileExistsError) under a resume or save says the checkpoint
+    # could not be restored or written, not that the job's own program is wrong; a precise cause still decides.
+    frames = ["[rank0]: Traceback (most recent call last):",
+              '[rank0]:   File "/x/train.py", line 65, in <module>',
+              '[rank0]:   File "/v/lib/python3.11/site-packages/mmengine/runner/_flexible_runner.py", line 1456, in resume',
+              '[rank0]:   File "/v/lib/python3.11/site-packages/xtuner/engine/_strategy/deepspeed.py", line 60, in resume']
+    d = diagnose_files([write("a/train.log", *frames, "[rank0]: AssertionError")], ruleset)
+    assert d["outcome"] == "checkpoint" and d["culprit"]["ranks"] == [0] and not d["culprit"]["nodes"]
+    d = diagnose_files([write("b/train.log", *frames, "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to "
+                              "allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB")], ruleset)
+    assert d["outcome"] == "cuda_oom"
+    # the same exception outside checkpoint code stays the program's own
+    d = diagnose_files([write("c/train.log", *frames[:2], '[rank0]:   File "/x/model.py", line 9, in forward',
+                              "[rank0]: AssertionError")], ruleset)
+    assert d["outcome"] == "user_code_error"
+
+
+def test_a_ray_task_header_whose_cause_line_was_cut_is_the_tasks_own_error(write, ruleset):
+    header = ("ray.exceptions.RayTaskError(RuntimeError): ray::RayTrainWorker._RayTrainWorker__execute() "
+              "(pid=935, ip=10.2.0.7, repr=<ray.train._internal.worker_group.RayTrainWorker object at 0x7f07a62d33d0>)")
+    frame = '  File "/home/ray/lib/python3.9/site-packages/ray/train/_internal/utils.py", line 129, in discard_return_wrapper'
+    d = diagnose_files([write("a/log.txt", header, frame)], ruleset)
+    assert d["outcome"] == "user_code_error" and d["culprit"] == NOBODY
+    # the cause line, when in the excerpt, decides
+    d = diagnose_files([write("b/log.txt", header, frame, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                              "20.00 MiB. GPU 0 has a total capacity of 15.77 GiB")], ruleset)
+    assert d["outcome"] == "cuda_oom"
+
+
+def test_nccl_proxy_noise_after_an_mlperf_success_is_a_completed_run(write, ruleset):
+    stop = (' 0: :::MLLOG {"namespace": "", "time_ms": 1728664016176, "event_type": "INTERVAL_END", "key": "run_stop", '
+            '"value": 0.92, "metadata": {"file": "/workspace/train.py", "lineno": 321, "status": "success"}}')
+    noise = [f"{r}: GPU-9{r}:3087588:3089801 [0] proxy.cc:1497 NCCL WARN [Service thread] Could not receive type from "
+             f"localRank 0, res=3, closed=0" for r in (0, 8)]
+    assert diagnose_files([write("a/log.txt", *noise)], ruleset)["outcome"] == "unknown"
+    d = diagnose_files([write("b/log.txt", stop, *noise)], ruleset)
+    assert d["outcome"] == "healthy" and d["culprit"] == NOBODY
+
+
+def test_a_failed_npu_stream_sync_defers_to_the_cann_report_of_why(write, ruleset):
+    lines = ["RuntimeError: ACL stream synchronize failed.",
+             "EI9999: Inner Error!",
+             "EI9999: 2024-10-21-10:42:00.358.410  The error from device(chipId:3, dieId:0), serial number is 9, hccl "
+             "fftsplus task timeout occurred during task execution, stream_id:5, sq_id:5, task_id:38827, stuck notify "
+             "num:1, timeout:30min(default).[FUNC:ProcessStarsHcclFftsPlusTimeoutErrorInfo]"]
+    d = diagnose_files([write("npu/log.txt", *lines)], ruleset)
+    assert d["outcome"] == "nccl_timeout_hang" and d["culprit"] == NOBODY
+    assert diagnose_files([write("npu2/log.txt", lines[0])], ruleset)["outcome"] == "unknown"
