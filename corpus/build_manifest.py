@@ -8,7 +8,8 @@ label, and the split, so the set can be rebuilt and re-scored by anyone with the
 
 Each file's size and sha256 are recorded, so a copy rebuilt from the sources can be checked byte for byte.
 Given the current manifest, its cases that are not in the folder are kept as they are: a folder that
-holds only part of the set (a machine that lost the copy, a partial restore) does not shrink the manifest.
+holds only part of the set (a machine that lost the copy, a partial restore) does not shrink the manifest;
+and each case's `extract` recipe (how corpus/rebuild.py cuts it from its repository) is kept.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def digest(path: Path) -> dict:
 
 def manifest(root: Path, previous: list[dict] | None = None) -> list[dict]:
     rows = []
+    kept = {r["id"]: r for r in previous or []}
     for case in case_dirs(root):
         truth, why = read_truth(case)
         if truth is None:
@@ -42,6 +44,10 @@ def manifest(root: Path, previous: list[dict] | None = None) -> list[dict]:
         files = sorted(p for p in case.iterdir() if p.name != "truth.yaml")
         row["files"] = [p.name for p in files]
         row["digests"] = {p.name: digest(p) for p in files}
+        # How a committed file's copy is cut from its source (corpus/rebuild.py) is not in the folder:
+        # keep the previous manifest's recipe, or the next rebuild would have to search for it again.
+        if kept.get(case.name, {}).get("extract"):
+            row["extract"] = kept[case.name]["extract"]
         rows.append(row)
     seen = {r["id"] for r in rows}
     rows += [r for r in previous or [] if r["id"] not in seen]
