@@ -1110,3 +1110,41 @@ def test_a_failed_npu_stream_sync_defers_to_the_cann_report_of_why(write, rulese
     d = diagnose_files([write("npu/log.txt", *lines)], ruleset)
     assert d["outcome"] == "nccl_timeout_hang" and d["culprit"] == NOBODY
     assert diagnose_files([write("npu2/log.txt", lines[0])], ruleset)["outcome"] == "unknown"
+
+
+def test_a_launcher_not_found_that_ranks_printed_after_is_refuted(write, ruleset, tmp_path):
+    # stderr and stdout of one Slurm job: the batch script's own python is missing (bash goes on), then srun's
+    # labelled tasks run in their container; the steps are in the other file, so only the ranks' lines say so
+    miss = "/var/spool/slurmd/job3108079/slurm_script: line 414: python: command not found"
+    store = ("27: [rank27]:[W818 03:13:27.384322147 TCPStore.cpp:106] [c10d] sendBytes failed on SocketImpl(fd=68, "
+             "addr=[nid006852]:33528, remote=[nid006844]:8888): Broken pipe")
+    limit = "slurmstepd: error: *** JOB 3108079 ON nid006844 CANCELLED AT 2026-08-18T03:25:55 DUE TO TIME LIMIT ***"
+    write("ran/job.err", miss, store, limit)
+    write("ran/job.out", "31:  iteration      313/   18141 | lm loss: 4.243E+00 |")
+    d = diagnose_files([tmp_path / "ran"], ruleset)
+    assert d["outcome"] == "scheduler_timelimit" and d["culprit"] == NOBODY
+    # no rank after it: nothing started, the missing launcher stays the cause
+    d = diagnose_files([write("none/job.err", store, miss, limit)], ruleset)
+    assert d["outcome"] == "config_error"
+
+
+def test_a_plain_step_cancel_of_a_job_that_was_training_and_failed_nowhere_is_a_cancel(write, ruleset):
+    steps = ["[ip-26-0-147-189:1]: iteration    10920/   25533 | lm loss: 1.397734E+00 |",
+             "[ip-26-0-147-189:1]: iteration    10930/   25533 | lm loss: 1.410506E+00 |"]
+    aborted = "srun: Job step aborted: Waiting up to 32 seconds for job step to finish."
+    cancel = "slurmstepd: error: *** STEP 2610.0 ON ip-26-0-147-189 CANCELLED AT 2023-03-10T09:46:31 ***"
+    d = diagnose_files([write("a/job.log", *steps, aborted, cancel, "srun: error: ip-26-0-147-189: task 1: Terminated")],
+                       ruleset)
+    assert d["outcome"] == "scheduler_preemption_cancel" and d["culprit"] == NOBODY
+    # srun tearing the step down after a task of it failed: the same line, not a cancel
+    failed = "srun: error: ip-26-0-147-190: task 9: Exited with exit code 1"
+    d = diagnose_files([write("b/job.log", *steps, failed, "srun: Terminating StepId=2610.0", cancel)], ruleset)
+    assert d["outcome"] != "scheduler_preemption_cancel"
+    # a traceback in another file that cannot be ordered against it keeps it teardown
+    write("c/job.log", *steps, aborted, cancel)
+    write("c/job.err", "Traceback (most recent call last):", '  File "train.py", line 3, in <module>')
+    d = diagnose_files([write("c/job.log", *steps, aborted, cancel).parent], ruleset)
+    assert d["outcome"] != "scheduler_preemption_cancel"
+    # nothing trained: nothing says the step was not torn down after a failure the log does not show
+    d = diagnose_files([write("d/job.log", aborted, cancel)], ruleset)
+    assert d["outcome"] == "unknown"

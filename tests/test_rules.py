@@ -105,6 +105,7 @@ def test_loader_reports_every_problem_with_file_and_line(tmp_path):
             places: {symptoms: [no_such_symptom], within: 0, gives: [gpu]}
             section: {symptoms: [s], within: 10, role: boss}
             at_startup: {outcome: nope, summary: "{nothing}", color: red}
+            refuted_by_ranks: "yes"
             tests: {match: ["abc"]}
         """))
     (pack / "b.yaml").write_text("rules: [\n")
@@ -115,7 +116,8 @@ def test_loader_reports_every_problem_with_file_and_line(tmp_path):
                    "implicates=peer needs emits.peer", "3+ characters", "a.yaml:7", "has no tests",
                    "b.yaml", "not valid YAML", "places.within", "places.gives",
                    "places unknown rule or symptom 'no_such_symptom'", "section.role 'boss'",
-                   "at_startup is a mapping", "at_startup.outcome 'nope'", "at_startup.summary uses {nothing}"):
+                   "at_startup is a mapping", "at_startup.outcome 'nope'", "at_startup.summary uses {nothing}",
+                   "refuted_by_ranks is true or false"):
         assert needle in text, needle
 
 

@@ -104,7 +104,7 @@ class _Builder:
         if status not in taxonomy.STATUSES:
             self.bad(where, f"status {status!r} not in {taxonomy.STATUSES}")
         known = {"id", "title", "status", "description", "references", "match", "emits", "priority",
-                 "supersedes", "supersedes_within", "recoverable", "resolved_by", "at_startup", "places", "section", "action", "lookup", "tests", "__line__"}
+                 "supersedes", "supersedes_within", "recoverable", "refuted_by_ranks", "resolved_by", "at_startup", "places", "section", "action", "lookup", "tests", "__line__"}
         for key in raw:
             if key not in known:
                 self.bad(where, f"unknown key {key!r}")
@@ -136,8 +136,11 @@ class _Builder:
             within = 0
         if within and not raw.get("supersedes"):
             self.bad(where, "supersedes_within needs supersedes")
-        if not isinstance(raw.get("recoverable", False), bool):
-            self.bad(where, "recoverable is true or false")
+        for flag in ("recoverable", "refuted_by_ranks"):
+            if not isinstance(raw.get(flag, False), bool):
+                self.bad(where, f"{flag} is true or false")
+        if raw.get("refuted_by_ranks") and log is None:
+            self.bad(where, "refuted_by_ranks needs a log match (ranks are read from log lines)")
 
         at_startup = self._at_startup(raw["at_startup"], log, emits, where) if "at_startup" in raw else None
         places = self._places(raw["places"], log, where) if "places" in raw else None
@@ -166,7 +169,8 @@ class _Builder:
             pack=pack, path=str(path), emits=emits, log=log, job=job, metric=metric,
             references=tuple(str(r) for r in _as_tuple(raw.get("references"))),
             priority=priority, supersedes=tuple(str(s) for s in _as_tuple(raw.get("supersedes"))),
-            supersedes_within=within, recoverable=bool(raw.get("recoverable", False)), resolved_by=resolved_by,
+            supersedes_within=within, recoverable=bool(raw.get("recoverable", False)),
+            refuted_by_ranks=bool(raw.get("refuted_by_ranks", False)), resolved_by=resolved_by,
             at_startup=at_startup, places=places,
             section=section, action=action, lookup=lookup, tests_match=t_match, tests_no_match=t_no,
         )

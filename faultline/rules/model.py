@@ -135,6 +135,7 @@ class Rule:
     supersedes_within: int = 0  # > 0: supersede only matches in the next N lines of the same file
     recoverable: bool = False  # set aside when the same file shows training progress after it
     resolved_by: ResolvedBy | None = None  # set aside when a later line of the same file says it is over
+    refuted_by_ranks: bool = False  # set aside when a rank printed a later line of the same file
     at_startup: AtStartup | None = None  # outcome (summary, domain, action) when the job never trained
     places: Places | None = None  # a block header: gives its node/rank to the block's lines
     section: Section | None = None  # a section header: sets the role of the section's lines

@@ -255,6 +255,27 @@ def set_aside_recovered(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.D
                             ).drop("last_progress")
 
 
+def set_aside_refuted(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
+    """A `refuted_by_ranks` line (a job script's `python: command not found`: nothing started) that a rank's
+    line follows in the same file (`[rank3]:`, srun's `3:` label, a local rank) is refuted: the program did
+    start, so whatever the line's command was, it did not stop the job. Ranks are read from the matched lines
+    themselves: a rank that printed nothing a rule reads refutes nothing."""
+    ids = [r.id for r in ruleset.rules if r.refuted_by_ranks]
+    if not ids or symptoms.height == 0:
+        return symptoms
+    by = [*KEY, "file"]
+    ranked = (symptoms.filter(pl.col("rank").is_not_null() | pl.col("local_rank").is_not_null())
+              .group_by(by).agg(_last_ranked=pl.col("seq").max()))
+    if ranked.height == 0:
+        return symptoms
+    out = symptoms.join(ranked, on=by, how="left", maintain_order="left")
+    refuted = (pl.col("rule_id").is_in(ids) & pl.col("rank").is_null() & pl.col("local_rank").is_null()
+               & (pl.col("_last_ranked") > pl.col("seq")).fill_null(False))
+    return out.with_columns(superseded_by=pl.when(refuted & pl.col("superseded_by").is_null())
+                            .then(pl.lit("refuted: a rank printed after it, so the program started"))
+                            .otherwise(pl.col("superseded_by"))).drop("_last_ranked")
+
+
 def set_aside_resolved(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
     """A `resolved_by` outage (`nfs: server X not responding`) that a later line of the same file says is
     over (`nfs: server X OK`, with the captures in `same` equal) was survived: set aside, not a cause. An
@@ -349,13 +370,52 @@ def end_after_fault(symptoms: pl.DataFrame, progress: pl.DataFrame | None = None
     return out.with_columns(role=pl.when(demote).then(pl.lit("teardown")).otherwise(pl.col("role"))).drop("_stopped")
 
 
+_STEP_TEARDOWN = ("slurm_step_cancelled", "slurm_step_aborted")
+
+
+def cancel_without_fault(symptoms: pl.DataFrame, progress: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Slurm before 25.05 prints the same `*** STEP N CANCELLED AT T ***` whether srun tore the step down
+    after one of its tasks failed or the step was cancelled from outside (scancel, preemption, an admin).
+    A failed task shows before it (srun's `task N: Exited with exit code`, a traceback, an error); a step
+    that was training (a loss line in the job) and shows nothing but the cancel and srun's abort before it,
+    in no file, was cancelled from outside: the cancel is the root. Anything else the job printed that
+    cannot be ordered after the cancel (another file) keeps it teardown."""
+    if progress is None or progress.height == 0 or symptoms.height == 0:
+        return symptoms
+    live = pl.col("superseded_by").is_null()
+    plain = (live & (pl.col("symptom") == "slurm_step_cancelled") & (pl.col("role") == "teardown")
+             & pl.col("captures").str.json_path_match("$.task_failure").is_null())
+    out = symptoms.with_row_index("_row")
+    cancels = (out.filter(plain).select("_row", *KEY, c_file="file", c_seq="seq", c_ts="ts")
+               .join(progress.select(KEY).unique(), on=KEY))
+    if cancels.height == 0:
+        return symptoms
+    others = out.filter(live & (pl.col("role") != "context") & ~pl.col("symptom").is_in(_STEP_TEARDOWN)
+                        ).select(*KEY, "file", "seq", "ts").join(cancels, on=KEY)
+    after = (((pl.col("file") == pl.col("c_file")) & (pl.col("seq") > pl.col("c_seq")))
+             | ((pl.col("file") != pl.col("c_file")) & (pl.col("ts") >= pl.col("c_ts")).fill_null(False)))
+    spoilt = others.filter(~after).select("_row").unique()
+    clean = cancels.join(spoilt, on="_row", how="anti").select("_row").with_columns(_clean=pl.lit(True))
+    if clean.height == 0:
+        return symptoms
+    out = out.join(clean, on="_row", how="left", maintain_order="left").drop("_row")
+    root = plain & pl.col("_clean").fill_null(False)
+    return out.with_columns(
+        role=pl.when(root).then(pl.lit("root")).otherwise(pl.col("role")),
+        summary=pl.when(root).then(pl.col("summary") + pl.lit(" while it was training, with no failure before it "
+                                                              "(cancelled from outside: scancel, preemption or an admin)"))
+        .otherwise(pl.col("summary")),
+    ).drop("_clean")
+
+
 def refine(symptoms: pl.DataFrame, ruleset: Ruleset, progress: pl.DataFrame | None = None,
            stats: pl.DataFrame | None = None) -> pl.DataFrame:
     out = reread_at_startup(symptoms, ruleset, progress)
     out = supersede(set_roles_by_section(place_by_headers(out, ruleset), ruleset), ruleset)
     out = set_aside_resolved(set_aside_recovered(set_aside_by_order(out, ruleset), ruleset, progress), ruleset)
+    out = set_aside_refuted(out, ruleset)
     out = resolve_peers(out, stats)
-    out = end_after_fault(out, progress)
+    out = cancel_without_fault(end_after_fault(out, progress), progress)
     # A line that names the guilty ranks ("[3, 11] joined but didn't finish") blames each of them.
     # A printed rank is a claim of the line: one no job can have (past limits.MAX_WORLD, 2^63) names nobody.
     named = pl.col("peer_rank").str.extract_all(r"\d+").list.eval(
