@@ -89,7 +89,11 @@ def score_case(case: str, truth: dict, d: dict) -> CaseResult:
     text = str(t_cul or "").lower()
     truth_by_rank = re.search(r"\brank", text) is not None
     truth_by_rank_only = re.match(r"\W*(?:local[ _])?rank", text) is not None
-    comparable = ((bool(cul["ranks"]) and truth_by_rank) or (bool(cul["nodes"]) and not truth_by_rank_only)
+    # likewise a node verdict against a truth that names only a GPU (`GPU 0000:0a:00.0`): the host of that
+    # GPU is not in the truth, so naming a node is a miss, not a wrong blame
+    truth_by_gpu_only = re.match(r"\W*(?:gpu|npu|cuda|device)\b", text) is not None and not re.search(r"\bnode\b|\bhost\b", text)
+    comparable = ((bool(cul["ranks"]) and truth_by_rank) or (bool(cul["nodes"]) and not truth_by_rank_only
+                                                            and not truth_by_gpu_only)
                   or (bool(cul.get("local_ranks")) and re.search(r"\blocal[ _]rank", text) is not None))
     wrong = blamed and (
         t_out == "healthy"

@@ -45,7 +45,10 @@ _HOSTNAME = HOST_WORD + r"[\-_]?(?:[A-Za-z]+[\-_.])*[A-Za-z0-9]*\d[A-Za-z0-9]*(?
 # pdsh (DeepSpeed's multi-node runner) names hosts as the hostfile does, often by IPv4 address
 # (`10.1.2.3: [rank4]: ...`); a loopback (127.x) or unspecified address is never a host.
 _IPV4 = r"(?:25[0-5]|2[0-4]\d|1(?:[013-9]\d|2[0-689])|[1-9]\d?)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}"
-_PDSH = r"^(?i:(" + _HOSTNAME + r"|" + _IPV4 + r")): "
+# Rack-position names of HPC machines (HPE/Cray `c05r2n11` = cabinet 5, row 2, node 11; SGI `r1i0n3`; Cray EX
+# xnames `x1000c0s0b0n0`): a letter and a number, three times or more, which no word of a message is.
+_RACK_HOST = r"[a-z]\d{1,4}(?:[a-z]\d{1,4}){2,}"
+_PDSH = r"^(?i:(" + _HOSTNAME + r"|" + _RACK_HOST + r"|" + _IPV4 + r")): "
 # Any host name pdsh relays a torchrun-tagged line from (`v100x16-2: [rank8]: ...`): the `[rankN]:` after
 # it says the prefix is a host, whatever its name (it needs a digit, and a source file is not a host).
 _PDSH_RANKED = r"^([A-Za-z][A-Za-z0-9_\-]*\d[A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*): \[rank\d{1,6}\]:"

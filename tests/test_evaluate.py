@@ -34,3 +34,14 @@ def test_device_names_of_a_gpu_are_its_index():
     assert culprit_matches("GPU:1", cul(gpus=[1])) and culprit_matches("cuda:0", cul(gpus=[0]))
     assert culprit_matches("GPU1 of the job", cul(gpus=[1]))
     assert not culprit_matches("cuda:0", cul(gpus=[1])) and not culprit_matches("TPU:4", cul(gpus=[4]))
+
+
+def test_a_node_verdict_against_a_truth_naming_only_a_gpu_is_a_miss_not_a_wrong_blame():
+    from faultline.evaluate import score_case
+    d = {"culprit": cul(nodes=["Ubuntu-Desktop"]), "confidence": "high", "outcome": "gpu_driver_xid_other",
+         "ambiguous": False, "recommended_action": {"action": "drain_node"}}
+    r = score_case("c", {"outcome_category": "gpu_driver_xid_other", "culprit": "GPU 0000:0a:00.0"}, d)
+    assert r.culprit_right is False and not r.wrong_blame
+    # a truth that names the node too is comparable: another node is a wrong blame
+    r = score_case("c", {"outcome_category": "gpu_driver_xid_other", "culprit": "GPU 3 on node gpu-17"}, d)
+    assert r.wrong_blame

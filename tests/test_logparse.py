@@ -20,6 +20,10 @@ def utc(*a) -> datetime:
     ("[default5]:[rank13]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] x", None, 13, 5, None),
     ("12: [default3]:I0510 07:28:04.417845 1398 distributed_c10d.py:337] Waiting", None, None, 3, None),
     ("worker-1: RuntimeError: CUDA out of memory.", "worker-1", None, None, None),
+    # pdsh's prefix with an HPC machine's rack-position name (cabinet 5, row 2, node 11; a Cray EX xname)
+    ("c05r2n11: RuntimeError: : HIP out of memory. Tried to allocate 576.00 MiB (GPU 3;", "c05r2n11", None, None, None),
+    ("x1000c0s0b0n0: [rank4]: Traceback (most recent call last):", "x1000c0s0b0n0", 4, None, None),
+    ("e4m3: fp8 format", None, None, None, None),
     ("[hgx-b17] [rank8]: RuntimeError: CUDA error: system not yet initialized", "hgx-b17", 8, None, None),
     ("RuntimeError: CUDA out of memory.", None, None, None, None),
     ("[1,5]<stderr>:[gpu-h01:41222:0:41222] Caught signal 11 (Segmentation fault)", "gpu-h01", 5, None, None),
