@@ -264,7 +264,11 @@ def set_aside_refuted(symptoms: pl.DataFrame, ruleset: Ruleset) -> pl.DataFrame:
     if not ids or symptoms.height == 0:
         return symptoms
     by = [*KEY, "file"]
-    ranked = (symptoms.filter(pl.col("rank").is_not_null() | pl.col("local_rank").is_not_null())
+    claims = symptoms.filter(pl.col("rule_id").is_in(ids)).select(by).unique()
+    if claims.height == 0:  # the usual case: look at no other row
+        return symptoms
+    ranked = (symptoms.join(claims, on=by, how="semi")
+              .filter(pl.col("rank").is_not_null() | pl.col("local_rank").is_not_null())
               .group_by(by).agg(_last_ranked=pl.col("seq").max()))
     if ranked.height == 0:
         return symptoms
