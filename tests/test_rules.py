@@ -173,6 +173,53 @@ def test_a_line_implicating_a_peer_it_does_not_name_needs_a_header_that_gives_on
                 load_ruleset([pack], builtin=False)
 
 
+def test_a_fragment_is_written_once_and_read_by_every_regex_that_names_it(tmp_path):
+    """`{{python_line_prefix}}` is a built-in fragment: an operator's rule reads a vLLM-prefixed traceback
+    line through it; a fragment that is unknown, defined twice or broken is reported with its place."""
+    from faultline.rules.loader import BUILTIN_PACKS
+    pack = tmp_path / "site"
+    pack.mkdir()
+    (pack / "a.yaml").write_text(textwrap.dedent("""\
+        rules:
+          - id: site.quota_refused
+            title: x
+            description: y
+            match: {log: {literals: ["quotaerror"], regex: "^{{python_line_prefix}}QuotaError: (?P<detail>.*)$"}}
+            emits: {symptom: quota, role: root, domain: workload, implicates: self, outcome: config_error}
+            tests:
+              match:
+                - line: "(EngineCore_DP0 pid=7) ERROR 07-31 16:03:52 [core.py:710] QuotaError: project over quota"
+                  detail: project over quota
+                - line: "[rank3]: QuotaError: no GPUs left"
+                  rank: 3
+              no_match: ["see QuotaError: in the docs"]
+        """))
+    merged = load_ruleset([BUILTIN_PACKS / "python", pack], builtin=False)
+    assert "{{" not in merged.by_id()["site.quota_refused"].log.regex
+    count, failures = run_rule_tests(merged)
+    assert count and not failures, failures
+    (pack / "b.yaml").write_text(textwrap.dedent("""\
+        fragments:
+          python_line_prefix: "x"
+          broken: "unclosed("
+          Bad-Name: "y"
+        rules:
+          - id: site.other
+            title: x
+            description: y
+            match: {log: {literals: ["abc"], regex: "{{no_such}}abc"}}
+            emits: {symptom: o, role: root, domain: workload, implicates: self, outcome: config_error}
+            tests: {match: ["abc"]}
+        """))
+    with pytest.raises(RulesetError) as err:
+        load_ruleset([BUILTIN_PACKS / "python", pack], builtin=False)
+    text = str(err.value)
+    for needle in ("b.yaml:2 (fragment python_line_prefix): fragment 'python_line_prefix' is defined twice",
+                   "(fragment broken): fragment does not compile", "(fragment Bad-Name): a fragment name",
+                   "uses unknown fragment {{no_such}}"):
+        assert needle in text, needle
+
+
 def test_operator_pack_overrides_builtin_rule_by_id(tmp_path, ruleset):
     pack = tmp_path / "site"
     pack.mkdir()

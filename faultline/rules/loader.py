@@ -24,6 +24,9 @@ from faultline.rules.model import (AtStartup, Emits, JobMatch, LogMatch, Lookup,
 BUILTIN_PACKS = Path(__file__).parent / "packs"
 _GROUP_NAME = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
 _TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# `{{name}}` in a regex stands for a pack's named fragment (never valid regex syntax itself, so unambiguous).
+_FRAGMENT_REF = re.compile(r"(?<!\\)\{\{([^{}\n]*)\}\}")
+_FRAGMENT_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # Captures the engine gives meaning to; any other name is kept as plain evidence.
 LINE_FIELDS = ("node", "rank", "local_rank", "gpu")
 _EMIT_FIELDS = ("symptom", "role", "domain", "implicates", "outcome", "summary", "peer", "address", "peer_rank")
@@ -86,6 +89,44 @@ def _as_tuple(value) -> tuple:
 class _Builder:
     def __init__(self):
         self.problems: list[Problem] = []
+        self.fragments: dict[str, str] = {}
+        self.fragment_origin: dict[str, str] = {}
+
+    def add_fragments(self, raw, where: str) -> None:
+        """A pack file's top-level `fragments:` mapping, name -> regex: a shape several rules' regexes share
+        (a launcher-prefix group), written once. Names are global to the loaded packs, so an operator's pack
+        can use a built-in fragment; each must compile on its own, so a broken one is reported where it is."""
+        if not isinstance(raw, dict):
+            self.bad(where, "fragments must be a mapping of name -> regex")
+            return
+        for name, regex in raw.items():
+            if name == "__line__":
+                continue
+            at = f"{where} (fragment {name})"
+            if not isinstance(name, str) or not _FRAGMENT_NAME.fullmatch(name):
+                self.bad(at, "a fragment name is lowercase letters, digits and _")
+            elif name in self.fragments:
+                self.bad(at, f"fragment {name!r} is defined twice (also in {self.fragment_origin[name]})")
+            elif not isinstance(regex, str) or not regex:
+                self.bad(at, "a fragment is a non-empty regex string")
+            elif _FRAGMENT_REF.search(regex):
+                self.bad(at, "a fragment cannot use another fragment")
+            elif problem := regex_problem(regex):
+                self.bad(at, f"fragment does not compile: {problem}")
+            else:
+                self.fragments[name] = regex
+                self.fragment_origin[name] = where
+
+    def expand(self, regex: str, where: str) -> str:
+        """The regex with each `{{name}}` replaced by that fragment, bracketed so it stays one atom."""
+        def one(m: re.Match) -> str:
+            name = m.group(1)
+            if name not in self.fragments:
+                self.bad(where, f"match.log.regex uses unknown fragment {{{{{name}}}}} "
+                                f"(known: {', '.join(sorted(self.fragments)) or 'none'})")
+                return ""
+            return f"(?:{self.fragments[name]})"
+        return _FRAGMENT_REF.sub(one, regex)
 
     def bad(self, where: str, message: str) -> None:
         self.problems.append(Problem(where, message))
@@ -262,6 +303,7 @@ class _Builder:
         if not isinstance(regex, str) or not regex:
             self.bad(where, "match.log.regex is required")
             return None
+        regex = self.expand(regex, where)
         problem = regex_problem(regex)
         if problem:
             self.bad(where, f"match.log.regex does not compile: {problem}")
@@ -444,6 +486,7 @@ def _load_ruleset(dirs: list[Path]) -> Ruleset:
     digest = hashlib.sha256()
     rules: dict[str, Rule] = {}
     seen: dict[tuple[str, str], str] = {}
+    docs = []
     for pack, path in files:
         data = path.read_bytes()
         digest.update(pack.encode() + b"\0" + path.name.encode() + b"\0" + data)
@@ -453,10 +496,20 @@ def _load_ruleset(dirs: list[Path]) -> Ruleset:
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             builder.bad(str(path), f"not valid YAML: {exc}")
             continue
-        if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
-            builder.bad(str(path), "a pack file holds a mapping with a 'rules' list")
+        if not isinstance(doc, dict) or not isinstance(doc.get("rules", []), list) or not (
+                "rules" in doc or "fragments" in doc):
+            builder.bad(str(path), "a pack file holds a mapping with a 'rules' list (and/or 'fragments')")
             continue
-        for raw in doc["rules"]:
+        unknown = set(doc) - {"rules", "fragments", "__line__"}
+        if unknown:
+            builder.bad(str(path), f"unknown top-level key(s) {sorted(unknown)}: a pack file has 'rules' and 'fragments'")
+        if "fragments" in doc:
+            line = doc["fragments"].get("__line__", "?") if isinstance(doc["fragments"], dict) else "?"
+            builder.add_fragments(doc["fragments"], f"{path}:{line}")
+        docs.append((pack, path, doc))
+    # fragments first, from every file: a rule may use one defined in any loaded pack
+    for pack, path, doc in docs:
+        for raw in doc.get("rules", []):
             if not isinstance(raw, dict):
                 builder.bad(str(path), f"rule entry {raw!r} is not a mapping")
                 continue
